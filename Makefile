@@ -1,0 +1,44 @@
+# Two commands, from a fresh clone, with no GPU:
+#   make book   build the website into _build/html (warnings are errors)
+#   make test   unit tests + strict nbval over every chapter + the site rendered in headless Chromium
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+MATHJAX := _static/mathjax/tex-svg.js
+CHAPTERS := $(wildcard chapters/*.ipynb)
+
+.PHONY: book test unit notebooks site-test execute clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+# MathJax is vendored from npm so that pages render math with no network.
+$(MATHJAX): package.json package-lock.json
+	npm ci --no-audit --no-fund --silent
+	rm -rf _static/mathjax && mkdir -p _static && cp -r node_modules/mathjax/es5 _static/mathjax
+	touch $(MATHJAX)
+
+book: $(STAMP) $(MATHJAX)
+	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests
+
+notebooks: $(STAMP)
+	$(PY) -m pytest -q --nbval chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
+
+site-test: book
+	$(PY) -m pytest -q -m site tests/test_site.py
+
+test: unit notebooks site-test
+
+# Re-execute every chapter in place after changing code they import (outputs are committed).
+execute: $(STAMP)
+	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=300 $(CHAPTERS)
+
+clean:
+	rm -rf _build _static/mathjax

@@ -1,0 +1,19 @@
+"""minillm: LLM inference from first principles.
+
+``import minillm`` needs only NumPy. The PyTorch model (``minillm.torch_model``),
+the training script (``minillm.train``) and the Triton kernels import torch and
+triton themselves, only when you import them.
+"""
+from .attention import standard_attention
+from .decode import DecodeResult, TemperatureSampler, greedy, naive_decode
+from .kvcache import CacheFull, ConcatKVCache, KVCache, cached_decode, decode_step, prefill
+from .model import Model, ModelConfig, StepOps, load_model
+from .tokenizer import ByteTokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ByteTokenizer", "CacheFull", "ConcatKVCache", "DecodeResult", "KVCache", "Model", "ModelConfig",
+    "StepOps", "TemperatureSampler", "cached_decode", "decode_step", "greedy", "load_model",
+    "naive_decode", "prefill", "standard_attention",
+]

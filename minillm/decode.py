@@ -1,0 +1,102 @@
+"""Chapter 1: naive decoding, samplers, and the per-step record every decoder returns.
+
+``naive_decode`` is the decoder with no memory: at every step it runs the full
+forward pass over the whole sequence so far and keeps only the last row of the
+logits. Everything it computes for positions 0..t-1 it computed already at the
+previous step. The op counter makes that visible: step t pushes t rows through
+attention, so N steps cost 1 + 2 + ... + N = N(N+1)/2 rows.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .model import StepOps, check_token_ids
+
+
+def greedy(logits: np.ndarray) -> int:
+    """Pick the most likely token (ties go to the lowest id)."""
+    return int(np.argmax(logits))
+
+
+class TemperatureSampler:
+    """Sample from softmax(logits / temperature), optionally restricted to the top-k ids.
+
+    Carries its own seeded generator so a run is reproducible.
+    """
+
+    def __init__(self, temperature: float = 1.0, top_k: int | None = None, seed: int = 0):
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use greedy for argmax), got {temperature}")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.temperature, self.top_k = float(temperature), top_k
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        z = np.asarray(logits, np.float64) / self.temperature
+        if self.top_k is not None and self.top_k < z.size:
+            cutoff = np.partition(z, -self.top_k)[-self.top_k]
+            z = np.where(z >= cutoff, z, -np.inf)
+        p = np.exp(z - z.max())
+        return int(self.rng.choice(z.size, p=p / p.sum()))
+
+
+@dataclass
+class DecodeResult:
+    """What a decoder returns: the tokens and, per generated token, what it cost."""
+
+    tokens: list[int]
+    prompt_len: int
+    logits: list[np.ndarray] = field(default_factory=list, repr=False)
+    steps: list[StepOps] = field(default_factory=list, repr=False)
+    step_seconds: list[float] = field(default_factory=list, repr=False)
+
+    def record(self, token: int, logits: np.ndarray, ops: StepOps, seconds: float) -> None:
+        self.tokens.append(token)
+        self.logits.append(np.asarray(logits))
+        self.steps.append(ops)
+        self.step_seconds.append(seconds)
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def total(self) -> StepOps:
+        return sum(self.steps, StepOps())
+
+
+def check_decode_args(model, prompt_ids, n_new: int) -> list[int]:
+    """Shared validation for every decoder; returns the prompt as a list of ints."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise TypeError("prompt_ids must be token ids; encode text with ByteTokenizer first")
+    if np.size(prompt_ids) == 0:
+        raise ValueError("prompt is empty: a decoder needs at least one token to condition on")
+    ids = check_token_ids(prompt_ids, model.config.vocab_size)
+    if ids.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D, got shape {ids.shape}")
+    if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 1:
+        raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
+    max_len = model.config.max_seq_len
+    if ids.size > max_len:
+        raise ValueError(f"prompt has {ids.size} tokens, longer than max_seq_len={max_len}")
+    # The last sampled token is never fed back, so prompt + n_new - 1 positions are processed.
+    if ids.size + n_new - 1 > max_len:
+        raise ValueError(f"prompt ({ids.size}) + n_new ({n_new}) - 1 exceeds max_seq_len={max_len}")
+    return [int(t) for t in ids]
+
+
+def naive_decode(model, prompt_ids, n_new: int, sampler=greedy) -> DecodeResult:
+    """Generate ``n_new`` tokens by re-running the whole sequence at every step."""
+    tokens = check_decode_args(model, prompt_ids, n_new)
+    result = DecodeResult(tokens=tokens, prompt_len=len(tokens))
+    for _ in range(n_new):
+        ops = StepOps()
+        t0 = time.perf_counter()
+        logits = model.forward(np.asarray(tokens), ops=ops)  # (N, V): every row recomputed
+        nxt = int(sampler(logits[-1]))                        # ...and only the last one used
+        result.record(nxt, logits[-1], ops, time.perf_counter() - t0)
+    return result

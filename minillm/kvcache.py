@@ -1,0 +1,131 @@
+"""Chapter 2: the KV cache.
+
+``KVCache`` is preallocated to its capacity: one K and one V array of shape
+(n_layers, B, Hkv, capacity, D), filled left to right. Appending a token is a
+slice assignment -- O(1) new bytes -- and reading the cache is a view, never a
+copy. When it is full it raises :class:`CacheFull`; it never wraps around.
+
+``ConcatKVCache`` is the "grow it as you go" version (what a Python list of
+vectors turns into once you need an array for the matmul): every append builds
+a new array, so step t copies t rows and a generation of N tokens copies
+O(N^2) bytes. It exists to be measured against, in the chapter.
+
+``prefill`` and ``decode_step`` are the two phases of generation, and
+``cached_decode`` has the same interface as ``naive_decode``.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .decode import DecodeResult, check_decode_args, greedy
+from .model import ModelConfig, StepOps
+
+
+class CacheFull(RuntimeError):
+    """Raised when a write would go past the cache's capacity."""
+
+
+def _nbytes(x) -> int:
+    return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
+
+
+class KVCache:
+    """Preallocated per-layer K/V storage; works with NumPy arrays or torch tensors."""
+
+    def __init__(self, k, v):
+        if tuple(k.shape) != tuple(v.shape) or len(k.shape) != 5:
+            raise ValueError(f"k and v must share a 5-D shape (L, B, Hkv, capacity, D), got {tuple(k.shape)}, {tuple(v.shape)}")
+        self.k, self.v = k, v
+        self.length = 0
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, batch: int = 1, capacity: int | None = None, dtype=np.float32):
+        capacity = config.max_seq_len if capacity is None else int(capacity)
+        if capacity < 1 or batch < 1:
+            raise ValueError(f"capacity and batch must be >= 1, got {capacity}, {batch}")
+        shape = (config.n_layers, batch, config.n_kv_heads, capacity, config.d_head)
+        return cls(np.zeros(shape, dtype), np.zeros(shape, dtype))
+
+    @property
+    def capacity(self) -> int:
+        return int(self.k.shape[3])
+
+    def write(self, layer: int, k, v):
+        """Store the new positions' K/V for one layer; return views of all positions so far."""
+        n = k.shape[2]
+        end = self.length + n
+        if end > self.capacity:
+            raise CacheFull(f"cache holds {self.capacity} positions; {self.length} used, {n} more requested")
+        self.k[layer, :, :, self.length:end] = k
+        self.v[layer, :, :, self.length:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def reset(self) -> None:
+        self.length = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reserved for the whole capacity (K and V, every layer)."""
+        return _nbytes(self.k) + _nbytes(self.v)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one position occupies across all layers, K and V, read off the arrays."""
+        return self.nbytes // (self.capacity * self.k.shape[1])
+
+
+class ConcatKVCache:
+    """The growing cache, for comparison: each append reallocates and copies everything."""
+
+    def __init__(self, n_layers: int):
+        self.k = [None] * n_layers
+        self.v = [None] * n_layers
+        self.length = 0
+        self.bytes_copied = 0
+
+    def write(self, layer: int, k, v):
+        if self.k[layer] is not None:
+            self.bytes_copied += self.k[layer].nbytes + self.v[layer].nbytes
+            k = np.concatenate([self.k[layer], k], axis=2)
+            v = np.concatenate([self.v[layer], v], axis=2)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+def prefill(model, prompt_ids, cache, ops: StepOps | None = None) -> np.ndarray:
+    """Phase 1: one parallel pass over the whole prompt; fills the cache; returns last-position logits."""
+    logits = model.forward(np.asarray(prompt_ids)[None], cache=cache, ops=ops)
+    return logits[0, -1]
+
+
+def decode_step(model, token_id: int, cache, ops: StepOps | None = None) -> np.ndarray:
+    """Phase 2: push one token through the model against the cache; returns its logits."""
+    logits = model.forward(np.asarray([[token_id]]), cache=cache, ops=ops)
+    return logits[0, -1]
+
+
+def cached_decode(model, prompt_ids, n_new: int, sampler=greedy, cache=None) -> DecodeResult:
+    """Generate ``n_new`` tokens: prefill once, then one cached decode step per token."""
+    prompt = check_decode_args(model, prompt_ids, n_new)
+    if cache is None:
+        cache = model.new_cache(batch=1, capacity=len(prompt) + n_new - 1)
+    tokens = list(prompt)
+    result = DecodeResult(tokens=tokens, prompt_len=len(prompt))
+    for step in range(n_new):
+        ops = StepOps()
+        t0 = time.perf_counter()
+        if step == 0:
+            logits = prefill(model, prompt, cache, ops)
+        else:
+            logits = decode_step(model, tokens[-1], cache, ops)
+        nxt = int(sampler(logits))
+        result.record(nxt, logits, ops, time.perf_counter() - t0)
+    return result

@@ -1,0 +1,276 @@
+"""A Llama-style decoder in NumPy: the float32 reference forward pass.
+
+Parts, in order: token embedding -> n_layers x [RMSNorm -> grouped-query
+self-attention with RoPE -> residual -> RMSNorm -> SwiGLU MLP -> residual]
+-> final RMSNorm -> LM head.
+
+Two hooks make this the model every later chapter reuses:
+
+* ``attn_fn`` -- any function with ``standard_attention``'s signature and
+  layout ``(q, k, v, causal, scale)``. The FlashAttention and paged kernels are
+  swapped in here.
+* ``cache`` -- any object with ``length``, ``write(layer, k, v)`` and
+  ``advance(n)`` (see :mod:`minillm.kvcache`). With a cache, ``forward`` only
+  computes the new positions and attends against everything cached so far.
+
+Weight matrices are stored (in_features, out_features) so that ``x @ W`` is the
+projection, in NumPy and in PyTorch alike (see :mod:`minillm.torch_model`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .attention import standard_attention
+from .tokenizer import VOCAB_SIZE
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = VOCAB_SIZE
+    d_model: int = 256
+    n_layers: int = 6
+    n_heads: int = 8
+    n_kv_heads: int = 2
+    d_ff: int = 640
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.d_head % 2:
+            raise ValueError(f"RoPE needs an even head dim, got {self.d_head}")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter's name and shape; the checkpoint and both forwards use these names."""
+        d, hd = self.d_model, self.d_head
+        shapes: dict[str, tuple[int, ...]] = {"tok_emb": (self.vocab_size, d)}
+        for i in range(self.n_layers):
+            p = f"layers.{i}."
+            shapes |= {
+                p + "attn_norm": (d,),
+                p + "wq": (d, self.n_heads * hd),
+                p + "wk": (d, self.n_kv_heads * hd),
+                p + "wv": (d, self.n_kv_heads * hd),
+                p + "wo": (self.n_heads * hd, d),
+                p + "mlp_norm": (d,),
+                p + "w_gate": (d, self.d_ff),
+                p + "w_up": (d, self.d_ff),
+                p + "w_down": (self.d_ff, d),
+            }
+        shapes |= {"norm": (d,), "lm_head": (d, self.vocab_size)}
+        return shapes
+
+    def n_params(self) -> int:
+        return int(sum(np.prod(s) for s in self.param_shapes().values()))
+
+
+def init_params(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random weights (GPT-2 style init: N(0, 0.02), residual outputs scaled down by depth)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in config.param_shapes().items():
+        if name.endswith("norm"):
+            out[name] = np.ones(shape, np.float32)
+        else:
+            std = 0.02 / np.sqrt(2 * config.n_layers) if name.endswith(("wo", "w_down")) else 0.02
+            out[name] = rng.normal(0.0, std, shape).astype(np.float32)
+    return out
+
+
+# --------------------------------------------------------------------------- ops counting
+
+
+@dataclass
+class StepOps:
+    """Work done by one forward call, counted from the shapes actually computed.
+
+    attn_rows       query rows pushed through attention (per layer and head)
+    score_elements  entries of Q K^T computed, summed over every layer and head
+    proj_flops      2*m*k*n over every weight matmul (QKV, output, MLP, LM head)
+    """
+
+    attn_rows: int = 0
+    score_elements: int = 0
+    proj_flops: int = 0
+
+    def __add__(self, other: "StepOps") -> "StepOps":
+        return StepOps(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def astuple(self) -> tuple[int, int, int]:
+        return (self.attn_rows, self.score_elements, self.proj_flops)
+
+
+def _linear(x: np.ndarray, w: np.ndarray, ops: StepOps | None) -> np.ndarray:
+    if ops is not None:
+        ops.proj_flops += 2 * (x.size // x.shape[-1]) * w.shape[0] * w.shape[1]
+    return x @ w
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def rope_tables(positions: np.ndarray, d_head: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables, shape (N, d_head/2), for the given absolute positions."""
+    inv_freq = theta ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (x[i], x[i + D/2]) by position-dependent angles ("rotate half" form).
+
+    x: (B, H, N, D); cos, sin: (N, D/2).
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def check_token_ids(ids, vocab_size: int) -> np.ndarray:
+    """Return ids as an int64 array, or raise a clear error for non-integer / out-of-vocab ids."""
+    arr = np.asarray(ids)
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+        raise ValueError(f"token ids must lie in [0, {vocab_size}), got range [{arr.min()}, {arr.max()}]")
+    return arr.astype(np.int64, copy=False)
+
+
+@dataclass
+class Model:
+    """The NumPy reference model. ``forward`` is pure given (params, ids, cache)."""
+
+    config: ModelConfig
+    params: dict[str, np.ndarray]
+    attn_fn: object = field(default=standard_attention, repr=False)
+    meta: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        expected = self.config.param_shapes()
+        missing = expected.keys() - self.params.keys()
+        extra = self.params.keys() - expected.keys()
+        if missing or extra:
+            raise ValueError(f"parameter names do not match the config: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}")
+        for name, shape in expected.items():
+            if tuple(self.params[name].shape) != shape:
+                raise ValueError(f"{name} has shape {self.params[name].shape}, config expects {shape}")
+        self.params = {k: np.asarray(v, dtype=np.float32) for k, v in self.params.items()}
+
+    def new_cache(self, batch: int = 1, capacity: int | None = None):
+        from .kvcache import KVCache
+
+        return KVCache.allocate(self.config, batch=batch, capacity=capacity)
+
+    def forward(self, ids, cache=None, ops: StepOps | None = None) -> np.ndarray:
+        """Logits for every input position.
+
+        ids: (N,) or (B, N) integer array. Returns (N, V) or (B, N, V) float32.
+        With ``cache``, the ids are the *new* positions starting at
+        ``cache.length``; their K/V are written into the cache.
+        """
+        cfg = self.config
+        ids = check_token_ids(ids, cfg.vocab_size)
+        squeeze = ids.ndim == 1
+        if squeeze:
+            ids = ids[None]
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ValueError(f"ids must be (N,) or (B, N) with N >= 1, got shape {ids.shape}")
+        B, N = ids.shape
+        start = cache.length if cache is not None else 0
+        if start + N > cfg.max_seq_len:
+            raise ValueError(f"positions {start}..{start + N - 1} exceed max_seq_len={cfg.max_seq_len}")
+        cos, sin = rope_tables(np.arange(start, start + N), cfg.d_head, cfg.rope_theta)
+        P = self.params
+        hd = cfg.d_head
+
+        def heads(t: np.ndarray, n_heads: int) -> np.ndarray:  # (B, N, H*hd) -> (B, H, N, hd)
+            return t.reshape(B, N, n_heads, hd).transpose(0, 2, 1, 3)
+
+        x = P["tok_emb"][ids]
+        for layer in range(cfg.n_layers):
+            p = f"layers.{layer}."
+            h = rms_norm(x, P[p + "attn_norm"], cfg.norm_eps)
+            q = apply_rope(heads(_linear(h, P[p + "wq"], ops), cfg.n_heads), cos, sin)
+            k = apply_rope(heads(_linear(h, P[p + "wk"], ops), cfg.n_kv_heads), cos, sin)
+            v = heads(_linear(h, P[p + "wv"], ops), cfg.n_kv_heads)
+            if cache is not None:
+                k, v = cache.write(layer, k, v)  # views of all cached positions
+            a = self.attn_fn(q, k, v, causal=True)
+            if ops is not None:
+                ops.score_elements += B * cfg.n_heads * N * k.shape[2]
+            x = x + _linear(a.transpose(0, 2, 1, 3).reshape(B, N, cfg.n_heads * hd), P[p + "wo"], ops)
+            h = rms_norm(x, P[p + "mlp_norm"], cfg.norm_eps)
+            gated = silu(_linear(h, P[p + "w_gate"], ops)) * _linear(h, P[p + "w_up"], ops)
+            x = x + _linear(gated, P[p + "w_down"], ops)
+        if cache is not None:
+            cache.advance(N)
+        if ops is not None:
+            ops.attn_rows += B * N
+        logits = _linear(rms_norm(x, P["norm"], cfg.norm_eps), P["lm_head"], ops)
+        return logits[0] if squeeze else logits
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+WEIGHTS_DIR = Path(__file__).parent / "weights"
+
+
+def save_checkpoint(path, config: ModelConfig, params: dict[str, np.ndarray], meta: dict | None = None) -> Path:
+    """Write an .npz checkpoint: one float16 array per parameter, plus two JSON strings.
+
+    Format (readable with nothing but NumPy, no pickle):
+      ``<param name>``  float16 array, shape from ``ModelConfig.param_shapes()``
+      ``__config__``    0-d unicode array holding ``json.dumps(asdict(config))``
+      ``__meta__``      0-d unicode array holding training metadata (command, device, loss, ...)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {k: np.asarray(v, dtype=np.float16) for k, v in params.items()}
+    arrays["__config__"] = np.array(json.dumps(asdict(config)))
+    arrays["__meta__"] = np.array(json.dumps(meta or {}))
+    np.savez(path, **arrays)
+    return path
+
+
+def load_checkpoint(path) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
+    with np.load(path, allow_pickle=False) as f:
+        config = ModelConfig(**json.loads(str(f["__config__"])))
+        meta = json.loads(str(f["__meta__"]))
+        params = {k: f[k].astype(np.float32) for k in f.files if not k.startswith("__")}
+    return config, params, meta
+
+
+def load_model(name: str = "tiny", attn_fn=standard_attention) -> Model:
+    """Load a shipped checkpoint ("tiny" or "draft") or a path to an .npz file. No network."""
+    path = Path(name) if str(name).endswith(".npz") else WEIGHTS_DIR / f"{name}.npz"
+    if not path.exists():
+        shipped = sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz"))
+        raise FileNotFoundError(f"no checkpoint {path}; shipped checkpoints: {shipped}")
+    config, params, meta = load_checkpoint(path)
+    return Model(config, params, attn_fn=attn_fn, meta=meta)

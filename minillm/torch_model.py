@@ -1,0 +1,146 @@
+"""The same model in PyTorch: for training, and for running on a GPU.
+
+Parameter names and layouts are identical to :mod:`minillm.model` (weights are
+(in, out) and applied as ``x @ W``), so a NumPy checkpoint loads with no
+renaming, and ``TorchModel.state_dict()`` saves straight back to one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .model import ModelConfig, StepOps, check_token_ids
+
+
+def sdpa_attention(q, k, v, causal: bool = False, scale: float | None = None):
+    """torch SDPA with minillm's bottom-right causal alignment and native GQA."""
+    nq, nk = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if not causal or nq == 1:  # a single query row at the end sees every key
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+    if nq == nk:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    # SDPA's is_causal is top-left aligned; build the bottom-right mask explicitly.
+    mask = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(diagonal=nk - nq)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, hd = cfg.d_model, cfg.d_head
+        empty = lambda *s: nn.Parameter(torch.empty(*s))  # noqa: E731 - filled by init or load
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.wq, self.wk = empty(d, cfg.n_heads * hd), empty(d, cfg.n_kv_heads * hd)
+        self.wv, self.wo = empty(d, cfg.n_kv_heads * hd), empty(cfg.n_heads * hd, d)
+        self.mlp_norm = nn.Parameter(torch.ones(d))
+        self.w_gate, self.w_up, self.w_down = empty(d, cfg.d_ff), empty(d, cfg.d_ff), empty(cfg.d_ff, d)
+
+
+def _rms(x, w, eps):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
+
+
+class TorchModel(nn.Module):
+    def __init__(self, config: ModelConfig, attn_fn=sdpa_attention):
+        super().__init__()
+        self.config = config
+        self.attn_fn = attn_fn
+        self.tok_emb = nn.Parameter(torch.empty(config.vocab_size, config.d_model))
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = nn.Parameter(torch.ones(config.d_model))
+        self.lm_head = nn.Parameter(torch.empty(config.d_model, config.vocab_size))
+        half = config.d_head // 2
+        inv_freq = config.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) * 2 / config.d_head)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    # ---- weights in and out, in the NumPy checkpoint's names
+    @classmethod
+    def from_numpy(cls, config: ModelConfig, params: dict[str, np.ndarray], **kw) -> "TorchModel":
+        m = cls(config, **kw)
+        m.load_state_dict({k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in params.items()})
+        return m
+
+    def numpy_params(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().float().cpu().numpy() for k, v in self.state_dict().items()}
+
+    def rope(self, start: int, n: int, device):
+        pos = torch.arange(start, start + n, dtype=torch.float64, device=device)
+        ang = pos[:, None] * self.inv_freq.to(device)[None, :]
+        return ang.cos().float(), ang.sin().float()
+
+    def forward(self, ids: torch.Tensor, cache=None, ops: StepOps | None = None) -> torch.Tensor:
+        """ids: (B, N) long tensor -> logits (B, N, V). Same semantics as ``Model.forward``."""
+        cfg = self.config
+        B, N = ids.shape
+        start = cache.length if cache is not None else 0
+        if start + N > cfg.max_seq_len:
+            raise ValueError(f"positions {start}..{start + N - 1} exceed max_seq_len={cfg.max_seq_len}")
+        cos, sin = self.rope(start, N, ids.device)
+        hd = cfg.d_head
+
+        def rot(t):  # (B, H, N, hd)
+            t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
+            c, s = cos.to(t.dtype), sin.to(t.dtype)
+            return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1)
+
+        def lin(x, w):
+            if ops is not None:
+                ops.proj_flops += 2 * (x.numel() // x.shape[-1]) * w.shape[0] * w.shape[1]
+            return x @ w.to(x.dtype)
+
+        x = self.tok_emb[ids]
+        for i, blk in enumerate(self.layers):
+            h = _rms(x, blk.attn_norm, cfg.norm_eps)
+            q = rot(lin(h, blk.wq).view(B, N, cfg.n_heads, hd).transpose(1, 2))
+            k = rot(lin(h, blk.wk).view(B, N, cfg.n_kv_heads, hd).transpose(1, 2))
+            v = lin(h, blk.wv).view(B, N, cfg.n_kv_heads, hd).transpose(1, 2)
+            if cache is not None:
+                k, v = cache.write(i, k, v)
+            a = self.attn_fn(q, k, v, causal=True)
+            if ops is not None:
+                ops.score_elements += B * cfg.n_heads * N * k.shape[2]
+            x = x + lin(a.transpose(1, 2).reshape(B, N, cfg.n_heads * hd), blk.wo)
+            h = _rms(x, blk.mlp_norm, cfg.norm_eps)
+            x = x + lin(F.silu(lin(h, blk.w_gate)) * lin(h, blk.w_up), blk.w_down)
+        if cache is not None:
+            cache.advance(N)
+        if ops is not None:
+            ops.attn_rows += B * N
+        return lin(_rms(x, self.norm, cfg.norm_eps), self.lm_head)
+
+
+class TorchRunner:
+    """Adapts a TorchModel to the NumPy-in, NumPy-out interface the decoders use.
+
+    ``naive_decode(TorchRunner(m), ...)`` and ``cached_decode(TorchRunner(m), ...)``
+    then run the exact same decode loops on a GPU (or on CPU torch).
+    """
+
+    def __init__(self, model: TorchModel, device=None, dtype=torch.float32):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = dtype
+        self.model = model.to(self.device).eval()
+        self.config = model.config
+
+    def new_cache(self, batch: int = 1, capacity: int | None = None):
+        from .kvcache import KVCache
+
+        cfg = self.config
+        capacity = cfg.max_seq_len if capacity is None else capacity
+        shape = (cfg.n_layers, batch, cfg.n_kv_heads, capacity, cfg.d_head)
+        mk = lambda: torch.zeros(shape, dtype=self.dtype, device=self.device)  # noqa: E731
+        return KVCache(mk(), mk())
+
+    @torch.no_grad()
+    def forward(self, ids, cache=None, ops: StepOps | None = None) -> np.ndarray:
+        arr = check_token_ids(ids, self.config.vocab_size)
+        squeeze = arr.ndim == 1
+        t = torch.from_numpy(np.atleast_2d(arr)).to(self.device)
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            logits = self.model(t, cache=cache, ops=ops)
+        out = logits.float().cpu().numpy()
+        return out[0] if squeeze else out

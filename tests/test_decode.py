@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+
+from minillm.decode import TemperatureSampler, greedy, naive_decode
+
+
+def test_naive_decode_attention_rows_are_triangular(small_model):
+    res = naive_decode(small_model, [65], 100)
+    assert [s.attn_rows for s in res.steps] == list(range(1, 101))
+    assert res.total.attn_rows == 100 * 101 // 2 == 5050
+
+
+def test_naive_decode_score_elements_grow_quadratically(small_model):
+    res = naive_decode(small_model, [1, 2, 3], 5)
+    per_layer_head = [s.score_elements // (small_model.config.n_layers * small_model.config.n_heads) for s in res.steps]
+    assert per_layer_head == [n * n for n in range(3, 8)]
+
+
+def test_naive_decode_uses_only_last_row(small_model):
+    res = naive_decode(small_model, [10, 20, 30], 3)
+    for step, logits in enumerate(res.logits):
+        full = small_model.forward(np.array(res.tokens[: 3 + step]))
+        np.testing.assert_array_equal(logits, full[-1])
+        assert res.tokens[3 + step] == greedy(full[-1])
+
+
+def test_naive_decode_returns_prompt_plus_new(small_model):
+    res = naive_decode(small_model, [5, 6], 4)
+    assert res.tokens[:2] == [5, 6] and len(res.new_tokens) == 4 and len(res.step_seconds) == 4
+
+
+def test_temperature_sampler_is_seeded_and_respects_top_k():
+    logits = np.array([0.0, 5.0, 4.0, -3.0])
+    a = [TemperatureSampler(1.0, seed=1)(logits) for _ in range(20)]
+    s1, s2 = TemperatureSampler(1.0, seed=7), TemperatureSampler(1.0, seed=7)
+    assert [s1(logits) for _ in range(30)] == [s2(logits) for _ in range(30)]
+    top2 = TemperatureSampler(1.0, top_k=2, seed=0)
+    assert set(top2(logits) for _ in range(200)) <= {1, 2}
+    assert len(set(a)) >= 1
+
+
+def test_temperature_sampler_rejects_bad_settings():
+    with pytest.raises(ValueError):
+        TemperatureSampler(0.0)
+    with pytest.raises(ValueError):
+        TemperatureSampler(1.0, top_k=0)
+
+
+@pytest.mark.parametrize(
+    "prompt,n_new,exc,match",
+    [
+        ([], 3, ValueError, "empty"),
+        ([1.5, 2.0], 3, TypeError, "integers"),
+        ([True, False], 3, TypeError, "integers"),
+        ([1, 300], 3, ValueError, "vocabulary|range"),
+        ([-1], 3, ValueError, "range"),
+        ("hello", 3, TypeError, "token ids"),
+        ([1], 0, ValueError, "n_new"),
+        ([[1, 2]], 3, ValueError, "1-D"),
+    ],
+)
+def test_naive_decode_rejects_bad_input(small_model, prompt, n_new, exc, match):
+    with pytest.raises(exc, match=match):
+        naive_decode(small_model, prompt, n_new)
+
+
+def test_naive_decode_rejects_prompt_longer_than_max_seq_len(small_model):
+    n = small_model.config.max_seq_len
+    with pytest.raises(ValueError, match="longer than max_seq_len"):
+        naive_decode(small_model, [1] * (n + 1), 1)
+    with pytest.raises(ValueError, match="exceeds max_seq_len"):
+        naive_decode(small_model, [1] * n, 2)

@@ -1,0 +1,125 @@
+import json
+
+import numpy as np
+import pytest
+
+from minillm.model import (
+    Model, ModelConfig, StepOps, apply_rope, init_params, load_checkpoint, load_model, rope_tables, save_checkpoint,
+)
+from minillm.tokenizer import ByteTokenizer
+
+from .conftest import SMALL
+
+
+def test_modelconfig_rejects_kv_heads_not_dividing_heads():
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        ModelConfig(n_heads=8, n_kv_heads=3)
+
+
+def test_modelconfig_rejects_nonpositive_sizes():
+    with pytest.raises(ValueError, match="n_layers"):
+        ModelConfig(n_layers=0)
+
+
+def test_model_rejects_wrong_param_shapes():
+    params = init_params(SMALL)
+    params["layers.0.wq"] = params["layers.0.wq"][:, :-1]
+    with pytest.raises(ValueError, match="layers.0.wq"):
+        Model(SMALL, params)
+
+
+def test_rope_preserves_norm_and_is_relative(rng):
+    x = rng.normal(size=(1, 1, 6, 8)).astype(np.float32)
+    cos, sin = rope_tables(np.arange(6), 8, 10000.0)
+    y = apply_rope(x, cos, sin)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
+    # q.k after RoPE depends only on the distance between positions
+    q, k = rng.normal(size=(2, 8)).astype(np.float32)
+    def dot(i, j):
+        c, s = rope_tables(np.array([i, j]), 8, 10000.0)
+        r = apply_rope(np.stack([q, k])[None, None], c, s)[0, 0]
+        return r[0] @ r[1]
+    assert dot(7, 3) == pytest.approx(dot(14, 10), rel=1e-4)
+
+
+def test_forward_is_causal(small_model, rng):
+    ids = rng.integers(0, 256, 20)
+    a = small_model.forward(ids)
+    b = small_model.forward(np.concatenate([ids[:10], rng.integers(0, 256, 10)]))
+    np.testing.assert_allclose(a[:10], b[:10], atol=1e-6)  # the future cannot leak into the past
+
+
+def test_forward_batched_equals_unbatched(small_model, rng):
+    ids = rng.integers(0, 256, (3, 12))
+    batched = small_model.forward(ids)
+    for i in range(3):
+        np.testing.assert_allclose(batched[i], small_model.forward(ids[i]), atol=1e-5)
+
+
+def test_forward_counts_ops_from_shapes(small_model):
+    ops = StepOps()
+    small_model.forward(np.arange(10), ops=ops)
+    cfg = SMALL
+    assert ops.attn_rows == 10
+    assert ops.score_elements == cfg.n_layers * cfg.n_heads * 10 * 10
+    n_matmul_params = cfg.n_params() - cfg.vocab_size * cfg.d_model - (2 * cfg.n_layers + 1) * cfg.d_model
+    assert ops.proj_flops == 2 * 10 * n_matmul_params
+
+
+def test_forward_rejects_too_long_input(small_model):
+    with pytest.raises(ValueError, match="max_seq_len"):
+        small_model.forward(np.zeros(SMALL.max_seq_len + 1, int))
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    params = init_params(SMALL, seed=5)
+    path = save_checkpoint(tmp_path / "m.npz", SMALL, params, {"note": "x"})
+    config, loaded, meta = load_checkpoint(path)
+    assert config == SMALL and meta == {"note": "x"}
+    for k, v in params.items():
+        np.testing.assert_array_equal(loaded[k], v.astype(np.float16).astype(np.float32))
+
+
+def test_load_model_unknown_name_lists_shipped():
+    with pytest.raises(FileNotFoundError, match="tiny"):
+        load_model("no-such-model")
+
+
+def test_load_model_shipped_checkpoints_fit_budget():
+    from minillm.model import WEIGHTS_DIR
+
+    for name in ("tiny", "draft"):
+        path = WEIGHTS_DIR / f"{name}.npz"
+        assert path.stat().st_size <= 10 * 1024**2
+        m = load_model(name)
+        assert m.meta["final_val_loss"] > 0 and m.meta["device"]
+
+
+def test_load_model_tiny_has_learned_python(tiny_model):
+    """Held-out loss far below uniform (ln 259 = 5.56 nats/byte): the model really learned."""
+    text = '''def merge(left, right):
+    """Merge two sorted lists into one sorted list."""
+    result = []
+    i = j = 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            result.append(left[i])
+            i += 1
+        else:
+            result.append(right[j])
+            j += 1
+    result.extend(left[i:])
+    result.extend(right[j:])
+    return result
+'''
+    ids = np.array(ByteTokenizer().encode(text, bos=True))
+    logits = tiny_model.forward(ids[:-1])
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - logits.max(-1, keepdims=True)
+    nll = -logp[np.arange(len(ids) - 1), ids[1:]].mean()
+    assert nll < 1.2, nll
+
+
+def test_load_model_meta_records_training(tiny_model):
+    meta = tiny_model.meta
+    assert meta["command"].startswith("python -m minillm.train")
+    json.dumps(meta)
