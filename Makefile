@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-MATHJAX := _static/mathjax/tex-svg.js
+MATHJAX := _vendor/mathjax/tex-svg.js
 CHAPTERS := $(wildcard chapters/*.ipynb)
 
 .PHONY: book test unit notebooks site-test execute clean
@@ -19,7 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 # MathJax is vendored from npm so that pages render math with no network.
 $(MATHJAX): package.json package-lock.json
 	npm ci --no-audit --no-fund --silent
-	rm -rf _static/mathjax && mkdir -p _static && cp -r node_modules/mathjax/es5 _static/mathjax
+	rm -rf _vendor/mathjax && mkdir -p _vendor && cp -r node_modules/mathjax/es5 _vendor/mathjax
 	touch $(MATHJAX)
 
 book: $(STAMP) $(MATHJAX)
@@ -38,7 +38,7 @@ test: unit notebooks site-test
 
 # Re-execute every chapter in place after changing code they import (outputs are committed).
 execute: $(STAMP)
-	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=300 $(CHAPTERS)
+	$(PY) tools/execute_notebooks.py $(CHAPTERS)
 
 clean:
-	rm -rf _build _static/mathjax
+	rm -rf _build _vendor/mathjax

@@ -1,0 +1,35 @@
+"""Small helpers the chapter notebooks share (NumPy only).
+
+``glue`` puts a computed value into the website's prose (MyST-NB's glue) when
+myst-nb is installed, and is a silent no-op elsewhere (Colab, a bare laptop), so
+the notebooks run unchanged everywhere.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def glue(name: str, value, display: bool = False) -> None:
+    try:
+        from myst_nb import glue as _glue
+    except ImportError:
+        return
+    _glue(name, value, display=display)
+
+
+def verdict(claim: str, computed, holds: bool) -> None:
+    """Print one line comparing a claim from the source page with what the code computed."""
+    print(f"{'holds' if holds else 'DOES NOT HOLD'}: claim {claim!r}; computed {computed}")
+
+
+def median_seconds(fn, repeats: int = 3) -> float:
+    """Median wall time of fn() over a few runs (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))

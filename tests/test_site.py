@@ -1,0 +1,110 @@
+"""The built website, rendered in a real browser (headless Debian Chromium).
+
+Run by `make test` after `make book` (marker `site`). Serves _build/html on 127.0.0.1 only and
+checks, for each chapter in _toc.yml: the title, the code cells, that every figure loaded, that
+MathJax typeset the math, and that no raw LaTeX is left on the page.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+
+pytestmark = pytest.mark.site
+
+
+def chapter_pages() -> list[str]:
+    return [line.split("file:")[1].strip() for line in (ROOT / "_toc.yml").read_text().splitlines() if "file: chapters/" in line]
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (HTML / "index.html").exists():
+        pytest.fail("the site is not built: run `make book` first")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.fail("headless Chromium is missing: `apt-get install chromium chromium-driver` (.ci/run does this)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--no-first-run", "--window-size=1280,2000"):
+        opts.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(driver_path), options=opts)
+    drv.set_page_load_timeout(60)
+    yield drv
+    drv.quit()
+
+
+def wait_for_mathjax(drv) -> None:
+    drv.set_script_timeout(60)
+    drv.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "const go = () => window.MathJax && MathJax.startup && MathJax.startup.promise"
+        "  ? MathJax.startup.promise.then(() => done(true)) : setTimeout(go, 100);"
+        "go();"
+    )
+
+
+@pytest.mark.parametrize("page", chapter_pages())
+def test_site_chapter_renders(server, browser, page):
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server}/{page}.html")
+    wait_for_mathjax(browser)
+    title = browser.find_element(By.CSS_SELECTOR, "article h1").text
+    assert title and title[0].isdigit(), f"chapter title missing: {title!r}"
+    assert browser.title.startswith(title.rstrip("#").strip()[:10])
+
+    code_cells = browser.find_elements(By.CSS_SELECTOR, "div.cell div.cell_input")
+    outputs = browser.find_elements(By.CSS_SELECTOR, "div.cell div.cell_output")
+    assert len(code_cells) >= 5 and len(outputs) >= 5
+
+    images = browser.find_elements(By.CSS_SELECTOR, "article img")
+    assert images, "no figures on the page"
+    broken = [img.get_attribute("src") for img in images
+              if not browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)]
+    assert not broken, f"figures that did not load: {broken}"
+
+    typeset = browser.find_elements(By.CSS_SELECTOR, "mjx-container")
+    assert typeset, "MathJax typeset nothing"
+    text = browser.find_element(By.CSS_SELECTOR, "article").text
+    for raw in ("$$", "\\frac", "\\cdots", "\\begin{", "\\(", "\\["):
+        assert raw not in text, f"raw LaTeX {raw!r} left on the page"
+    errors = browser.find_elements(By.CSS_SELECTOR, "mjx-merror, .output.error, div.output.traceback")
+    assert not errors, "math or cell errors on the page"
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / (Path(page).name + ".png")))
+
+
+def test_site_intro_lists_only_existing_chapters(server, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{server}/intro.html")
+    links = {a.get_attribute("href").split("/")[-1].split("#")[0] for a in browser.find_elements(By.CSS_SELECTOR, "nav.bd-links a")}
+    expected = {Path(p).name + ".html" for p in chapter_pages()}
+    assert expected <= links
+    for href in links:
+        assert (HTML / "chapters" / href).exists() or (HTML / href).exists()
