@@ -26,6 +26,8 @@ def verdict(claim: str, computed, holds: bool) -> None:
 
 def median_seconds(fn, repeats: int = 3) -> float:
     """Median wall time of fn() over a few runs (after one warm-up call)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     fn()
     times = []
     for _ in range(repeats):
