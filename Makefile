@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
-MATHJAX := _vendor/mathjax/tex-svg.js
+VENDOR := _vendor/.stamp
 CHAPTERS := $(wildcard chapters/*.ipynb)
 
 .PHONY: book test unit notebooks site-test execute clean
@@ -16,13 +16,16 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-# MathJax is vendored from npm so that pages render math with no network.
-$(MATHJAX): package.json package-lock.json
+# MathJax and the Jupyter widget manager are vendored from npm so that pages render with no network.
+$(VENDOR): package.json package-lock.json
 	npm ci --no-audit --no-fund --silent
-	rm -rf _vendor/mathjax && mkdir -p _vendor && cp -r node_modules/mathjax/es5 _vendor/mathjax
-	touch $(MATHJAX)
+	rm -rf _vendor && mkdir -p _vendor/widgets
+	cp -r node_modules/mathjax/es5 _vendor/mathjax
+	cp -r node_modules/@jupyter-widgets/html-manager/dist/. _vendor/widgets/
+	cp node_modules/requirejs/require.js _vendor/widgets/require.js
+	touch $(VENDOR)
 
-book: $(STAMP) $(MATHJAX)
+book: $(STAMP) $(VENDOR)
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 
 unit: $(STAMP)
@@ -41,4 +44,4 @@ execute: $(STAMP)
 	$(PY) tools/execute_notebooks.py $(CHAPTERS)
 
 clean:
-	rm -rf _build _vendor/mathjax
+	rm -rf _build _vendor
