@@ -77,3 +77,11 @@ def test_standard_attention_rejects_bad_shapes(shapes, match):
     q, k, v = (np.zeros(s) for s in shapes)
     with pytest.raises(ValueError, match=match):
         standard_attention(q, k, v)
+
+
+def test_standard_attention_gqa_with_all_kv_heads_is_mha(rng):
+    """MHA is the GQA setting n_kv_heads == n_heads: each head attends with its own K and V."""
+    q, k, v = rng.normal(size=(3, 2, 4, 6, 8))
+    mha = np.stack([[loop_attention(q[b:b + 1, h:h + 1], k[b:b + 1, h:h + 1], v[b:b + 1, h:h + 1], True, 8**-0.5)[0, 0]
+                     for h in range(4)] for b in range(2)])
+    np.testing.assert_allclose(standard_attention(q, k, v, causal=True), mha, atol=1e-12)

@@ -2,7 +2,7 @@
 
 Run by `make test` after `make book` (marker `site`). Serves _build/html on 127.0.0.1 only and
 checks, for each chapter in _toc.yml: the title, the code cells, that every figure loaded, that
-MathJax typeset the math, and that no raw LaTeX is left on the page.
+MathJax typeset the math, that saved widgets rendered, and that no raw LaTeX is left on the page.
 """
 from __future__ import annotations
 
@@ -92,6 +92,9 @@ def test_site_chapter_renders(server, browser, page):
     text = browser.find_element(By.CSS_SELECTOR, "article").text
     for raw in ("$$", "\\frac", "\\cdots", "\\begin{", "\\(", "\\["):
         assert raw not in text, f"raw LaTeX {raw!r} left on the page"
+    if "application/vnd.jupyter.widget-view+json" in browser.page_source:
+        # saved widget state must render through the vendored widget manager, with no network
+        assert browser.find_elements(By.CSS_SELECTOR, ".jupyter-widgets"), "widgets did not render"
     errors = browser.find_elements(By.CSS_SELECTOR, "mjx-merror, .output.error, div.output.traceback")
     assert not errors, "math or cell errors on the page"
 
