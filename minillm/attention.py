@@ -67,3 +67,94 @@ def standard_attention(q, k, v, causal: bool = False, scale: float | None = None
     l = p.sum(axis=-1, keepdims=True)
     o = (p @ v.astype(ct, copy=False)[:, :, None]) / np.where(l > 0, l, 1.0)
     return o.reshape(B, Hq, Nq, D).astype(q.dtype, copy=False)
+
+
+def _tile_mask(i0: int, i1: int, j0: int, j1: int, nq: int, nk: int) -> np.ndarray:
+    """Bottom-right causal mask for the tile of query rows [i0, i1) and key columns [j0, j1)."""
+    return (np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None] + (nk - nq))
+
+
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, block_m: int = 64,
+                    block_n: int = 64, return_lse: bool = False):
+    """Tiled attention with a running (m, l): the FlashAttention forward, in NumPy.
+
+    Never builds an (Nq, Nk) array: the largest temporary is one (block_m, block_n)
+    score tile per (batch, head). Vectorized over batch and heads, so N = 4096 runs
+    on a laptop. Returns o (and the log-sum-exp per row, for the backward pass).
+    """
+    B, Hq, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    if int(block_m) < 1 or int(block_n) < 1:
+        raise ValueError(f"block sizes must be >= 1, got {block_m}, {block_n}")
+    scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
+    ct = _compute_dtype(q, k, v)
+    g = Hq // Hkv
+    qg = q.astype(ct, copy=False).reshape(B, Hkv, g, Nq, D)
+    kc, vc = k.astype(ct, copy=False)[:, :, None], v.astype(ct, copy=False)[:, :, None]  # (B, Hkv, 1, Nk, D)
+    o = np.empty((B, Hkv, g, Nq, D), ct)
+    lse = np.empty((B, Hkv, g, Nq), ct)
+    for i0 in range(0, Nq, block_m):
+        i1 = min(i0 + block_m, Nq)
+        qi = qg[:, :, :, i0:i1] * ct.type(scale)
+        m = np.full(qi.shape[:-1], -np.inf, ct)
+        l = np.zeros(qi.shape[:-1], ct)
+        acc = np.zeros(qi.shape, ct)
+        # with a causal mask, key tiles to the right of the last visible key are skipped entirely
+        j_end = min(Nk, i1 + Nk - Nq) if causal else Nk
+        for j0 in range(0, max(j_end, 0), block_n):
+            j1 = min(j0 + block_n, Nk)
+            s = qi @ kc[:, :, :, j0:j1].swapaxes(-1, -2)  # (B, Hkv, g, bm, bn): one tile, on "chip"
+            if causal:
+                s = np.where(_tile_mask(i0, i1, j0, j1, Nq, Nk), s, -np.inf)
+            m_new = np.maximum(m, s.max(axis=-1))
+            safe = np.where(np.isfinite(m_new), m_new, 0.0)
+            alpha = np.where(np.isfinite(m), np.exp(m - safe), 0.0)  # rescale what was accumulated
+            p = np.exp(s - safe[..., None])
+            l = l * alpha + p.sum(axis=-1)
+            acc = acc * alpha[..., None] + p @ vc[:, :, :, j0:j1]
+            m = m_new
+        o[:, :, :, i0:i1] = acc / np.where(l > 0, l, 1.0)[..., None]
+        with np.errstate(divide="ignore"):
+            lse[:, :, :, i0:i1] = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
+    o = o.reshape(B, Hq, Nq, D).astype(q.dtype, copy=False)
+    return (o, lse.reshape(B, Hq, Nq)) if return_lse else o
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
+                             block_m: int = 64, block_n: int = 64):
+    """dQ, dK, dV by recomputing each probability tile from q, k and the saved log-sum-exp.
+
+    P is never stored: p = exp(q k^T * scale - lse) is rebuilt tile by tile. With
+    delta = rowsum(dO * O): dV = P^T dO, dP = dO V^T, dS = P * (dP - delta),
+    dQ = dS K * scale, dK = dS^T Q * scale. GQA heads sum into their shared K/V head.
+    """
+    B, Hq, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+    for name, x, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
+        if tuple(np.shape(x)) != tuple(shape):
+            raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(np.shape(x))}")
+    scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
+    ct = _compute_dtype(q, k, v)
+    g = Hq // Hkv
+    qg = q.astype(ct).reshape(B, Hkv, g, Nq, D)
+    dog = do.astype(ct).reshape(B, Hkv, g, Nq, D)
+    lseg = lse.astype(ct).reshape(B, Hkv, g, Nq)
+    delta = (dog * o.astype(ct).reshape(B, Hkv, g, Nq, D)).sum(-1)
+    kc, vc = k.astype(ct)[:, :, None], v.astype(ct)[:, :, None]
+    dq = np.zeros_like(qg)
+    dk = np.zeros((B, Hkv, g, Nk, D), ct)
+    dv = np.zeros((B, Hkv, g, Nk, D), ct)
+    for i0 in range(0, Nq, block_m):
+        i1 = min(i0 + block_m, Nq)
+        finite = np.isfinite(lseg[:, :, :, i0:i1])[..., None]
+        lse_i = np.where(finite, lseg[:, :, :, i0:i1, None], 0.0)
+        for j0 in range(0, Nk, block_n):
+            j1 = min(j0 + block_n, Nk)
+            s = (qg[:, :, :, i0:i1] @ kc[:, :, :, j0:j1].swapaxes(-1, -2)) * scale
+            p = np.where(finite, np.exp(s - lse_i), 0.0)
+            if causal:
+                p = np.where(_tile_mask(i0, i1, j0, j1, Nq, Nk), p, 0.0)
+            dv[:, :, :, j0:j1] += p.swapaxes(-1, -2) @ dog[:, :, :, i0:i1]
+            dp = dog[:, :, :, i0:i1] @ vc[:, :, :, j0:j1].swapaxes(-1, -2)
+            ds = p * (dp - delta[:, :, :, i0:i1, None])
+            dq[:, :, :, i0:i1] += (ds @ kc[:, :, :, j0:j1]) * scale
+            dk[:, :, :, j0:j1] += (ds.swapaxes(-1, -2) @ qg[:, :, :, i0:i1]) * scale
+    return (dq.reshape(q.shape).astype(q.dtype), dk.sum(2).astype(k.dtype), dv.sum(2).astype(v.dtype))

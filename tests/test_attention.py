@@ -85,3 +85,90 @@ def test_standard_attention_gqa_with_all_kv_heads_is_mha(rng):
     mha = np.stack([[loop_attention(q[b:b + 1, h:h + 1], k[b:b + 1, h:h + 1], v[b:b + 1, h:h + 1], True, 8**-0.5)[0, 0]
                      for h in range(4)] for b in range(2)])
     np.testing.assert_allclose(standard_attention(q, k, v, causal=True), mha, atol=1e-12)
+
+
+from minillm.attention import flash_attention, flash_attention_backward  # noqa: E402
+
+
+@pytest.mark.parametrize("nq,nk", [(1, 1), (7, 7), (63, 63), (65, 65), (1, 100), (5, 130), (70, 20)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 1)])
+def test_flash_attention_matches_standard(nq, nk, causal, hq, hkv, rng):
+    q = rng.normal(size=(2, hq, nq, 16))
+    k, v = rng.normal(size=(2, 2, hkv, nk, 16))
+    o, lse = flash_attention(q, k, v, causal=causal, block_m=16, block_n=32, return_lse=True)
+    np.testing.assert_allclose(o, standard_attention(q, k, v, causal=causal), atol=1e-12)
+    s = np.repeat(k, hq // hkv, 1)
+    scores = (q @ s.swapaxes(-1, -2)) / 4.0
+    if causal:
+        scores = np.where(causal_mask(nq, nk), scores, -np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref_lse = np.log(np.exp(scores - scores.max(-1, keepdims=True)).sum(-1)) + scores.max(-1)
+    np.testing.assert_allclose(lse[np.isfinite(ref_lse)], ref_lse[np.isfinite(ref_lse)], atol=1e-12)
+
+
+def test_flash_attention_large_logits_and_float16(rng):
+    q = (rng.normal(size=(1, 2, 40, 32)) * 100).astype(np.float16)
+    k, v = rng.normal(size=(2, 1, 2, 40, 32)).astype(np.float16)
+    np.testing.assert_allclose(flash_attention(q, k, v, causal=True, block_m=8, block_n=8).astype(np.float64),
+                               standard_attention(q, k, v, causal=True).astype(np.float64), atol=2e-3)
+
+
+def dense_attention_grads(q, k, v, do, causal, scale):
+    """Gradients of standard attention from the full P matrix (float64), GQA summed per KV head."""
+    g = q.shape[1] // k.shape[1]
+    kr, vr = np.repeat(k, g, 1), np.repeat(v, g, 1)
+    s = q @ kr.swapaxes(-1, -2) * scale
+    if causal:
+        s = np.where(causal_mask(q.shape[2], k.shape[2]), s, -np.inf)
+    m = np.where(np.isfinite(s.max(-1, keepdims=True)), s.max(-1, keepdims=True), 0)
+    p = np.exp(s - m)
+    p = p / np.where(p.sum(-1, keepdims=True) > 0, p.sum(-1, keepdims=True), 1)
+    dv = p.swapaxes(-1, -2) @ do
+    dp = do @ vr.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = ds @ kr * scale
+    dk = ds.swapaxes(-1, -2) @ q * scale
+    fold = lambda t: t.reshape(t.shape[0], k.shape[1], g, *t.shape[2:]).sum(2)  # noqa: E731
+    return dq, fold(dk), fold(dv)
+
+
+@pytest.mark.parametrize("nq,nk,causal", [(9, 9, True), (33, 33, False), (4, 21, True), (17, 5, False)])
+def test_flash_attention_backward_matches_dense_gradients(nq, nk, causal, rng):
+    q = rng.normal(size=(1, 4, nq, 8))
+    k, v = rng.normal(size=(2, 1, 2, nk, 8))
+    do = rng.normal(size=q.shape)
+    o, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    got = flash_attention_backward(q, k, v, o, lse, do, causal=causal, block_m=4, block_n=8)
+    for g_, r_ in zip(got, dense_attention_grads(q, k, v, do, causal, 8**-0.5)):
+        np.testing.assert_allclose(g_, r_, atol=1e-10)
+
+
+def test_flash_attention_backward_matches_finite_differences(rng):
+    q, k, v = rng.normal(size=(3, 1, 1, 5, 4))
+    do = rng.normal(size=q.shape)
+    o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do, causal=True)
+    eps = 1e-6
+    for arr, grad in ((q, dq), (k, dk), (v, dv)):
+        idx = (0, 0, 2, 1)
+        plus, minus = arr.copy(), arr.copy()
+        plus[idx] += eps
+        minus[idx] -= eps
+        args_p = [plus if a is arr else a for a in (q, k, v)]
+        args_m = [minus if a is arr else a for a in (q, k, v)]
+        num = ((flash_attention(*args_p, causal=True) - flash_attention(*args_m, causal=True)) * do).sum() / (2 * eps)
+        assert grad[idx] == pytest.approx(num, rel=1e-5, abs=1e-8)
+
+
+def test_flash_attention_runs_at_4096_without_n_by_n(rng):
+    q = rng.normal(size=(1, 2, 4096, 32)).astype(np.float32)
+    k, v = rng.normal(size=(2, 1, 1, 4096, 32)).astype(np.float32)
+    o = flash_attention(q, k, v, causal=True, block_m=256, block_n=256)
+    np.testing.assert_allclose(o[:, :, -8:], standard_attention(q[:, :, -8:], k, v, causal=True), atol=1e-5)
+
+
+def test_flash_attention_backward_rejects_wrong_shapes(rng):
+    q, k, v = rng.normal(size=(3, 1, 2, 4, 8))
+    with pytest.raises(ValueError, match="lse"):
+        flash_attention_backward(q, k, v, q, np.zeros((1, 2)), q)
