@@ -1,0 +1,317 @@
+"""FlashAttention in Triton: forward and backward, same contract as minillm.attention.flash_attention.
+
+Layout (torch SDPA's): q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D), Hq % Hkv == 0.
+``causal=True`` is bottom-right aligned: query i sees keys j <= i + Nk - Nq.
+Rows that see no key return zeros (and lse = -inf).
+
+Forward, one program per (query tile, batch x head), FlashAttention-2 loop order:
+
+    load Q_i once
+    for each key tile j (stopping at the causal diagonal):
+        S = Q_i K_j^T * scale            (registers, never HBM)
+        m_new = max(m, rowmax(S)); alpha = exp(m - m_new)
+        P = exp(S - m_new); l = l * alpha + rowsum(P)
+        acc = acc * alpha + P V_j
+    O_i = acc / l;  lse_i = m + log(l)
+
+Exponentials use exp2 with log2(e) folded into the scale (one multiply fewer per
+score). GQA is an index map: query head h reads K/V head h // (Hq / Hkv), so K
+and V are never repeated in memory. Head dims that are not powers of two are
+padded to the next one inside the kernel with masked loads.
+
+Backward recomputes P from Q, K and the saved lse (P is never stored), in two
+kernels: one per key tile accumulating dK, dV, one per query tile accumulating dQ.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import INTERPRETED
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+LOG2E = 1.4426950408889634
+
+
+def check_inputs(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    B, Hq, Nq, D = q.shape
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head dim")
+    if k.shape[1] == 0 or Hq % k.shape[1]:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({k.shape[1]})")
+    if min(B, Hq, Nq, k.shape[2], D) < 1:
+        raise ValueError(f"empty dimension in q {tuple(q.shape)} / k {tuple(k.shape)}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"unsupported head dim {D}: at most {MAX_HEAD_DIM}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not INTERPRETED:
+        raise ValueError(f"tensors are on {q.device}; compiled Triton kernels need CUDA tensors")
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
+                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP  # GQA: the shared K/V head
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < HEAD_DIM
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :],
+                mask=(rows[:, None] < Nq) & dmask[None, :], other=0.0)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offset = Nk - Nq  # bottom-right alignment
+    hi = Nk
+    if CAUSAL:
+        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    for start in tl.range(0, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kt = tl.load(k_base + cols[None, :] * skn + dims[:, None], mask=(cols[None, :] < Nk) & dmask[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, kt) * qk_scale
+        valid = cols[None, :] < Nk
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None] + offset)
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)  # exp2(-inf) = 0 for rows that had seen nothing
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        vt = tl.load(v_base + cols[:, None] * svn + dims[None, :], mask=(cols[:, None] < Nk) & dmask[None, :], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m = m_new
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(O + b * sob + h * soh + rows[:, None] * son + dims[None, :], o.to(O.dtype.element_ty),
+             mask=(rows[:, None] < Nq) & dmask[None, :])
+    # natural-log LSE: m is in log2 units
+    lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
+    tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
+
+
+def _blocks(D: int, dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the head dim; small tiles in the interpreter."""
+    if INTERPRETED:
+        return 16, 16, 1, 1
+    if D <= 64:
+        return 128, 64, 4, 3
+    if D <= 128:
+        return 128, 64, 8, 3 if dtype != torch.float32 else 1
+    return 64, 32, 8, 1
+
+
+def _forward(q, k, v, causal: bool, scale: float):
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o = torch.empty_like(q)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    bm, bn, warps, stages = _blocks(D, q.dtype)
+    grid = (triton.cdiv(Nq, bm), B * Hq)
+    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
+                      *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                      HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_M=bm, BLOCK_N=bn,
+                      CAUSAL=causal, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    return o, lse
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA, Nq, H, sob, soh, son, sdb, sdh, sdn,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM)
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * son + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * Nq + rows, tl.sum(o * do, axis=1), mask=rows < Nq)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, Nq, Nk, H, GROUP,
+                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sgb, sgh, sgn,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    # One program per (key tile, batch x query head); dK/dV are per query head, summed over the group outside.
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < HEAD_DIM
+    kv_mask = (cols[:, None] < Nk) & dmask[None, :]
+    k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    offset = Nk - Nq
+    lo = 0
+    if CAUSAL:  # query rows above the diagonal of this key tile see none of it
+        lo = tl.maximum(0, pid_n * BLOCK_N - offset)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    for start in tl.range(lo, Nq, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        q_mask = (rows[:, None] < Nq) & dmask[None, :]
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
+        lse = tl.load(LSE + bh * Nq + rows, mask=rows < Nq, other=float("-inf"))
+        delta = tl.load(DELTA + bh * Nq + rows, mask=rows < Nq, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * sm_scale
+        valid = (cols[None, :] < Nk) & (rows[:, None] < Nq) & (lse[:, None] > float("-inf"))
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None] + offset)
+        p = tl.where(valid, tl.exp(s - tl.where(lse > float("-inf"), lse, 0.0)[:, None]), 0.0)
+        if IEEE:
+            dv += tl.dot(tl.trans(p), do.to(tl.float32), input_precision="ieee")
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        else:
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
+            dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        if IEEE:
+            dk += tl.dot(tl.trans(ds), q.to(tl.float32), input_precision="ieee")
+        else:
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+    out = b * sgb + h * sgh + cols[:, None] * sgn + dims[None, :]
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, Nq, Nk, H, GROUP,
+                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < HEAD_DIM
+    q_mask = (rows[:, None] < Nq) & dmask[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
+    lse = tl.load(LSE + bh * Nq + rows, mask=rows < Nq, other=float("-inf"))
+    delta = tl.load(DELTA + bh * Nq + rows, mask=rows < Nq, other=0.0)
+    lse_safe = tl.where(lse > float("-inf"), lse, 0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offset = Nk - Nq
+    hi = Nk
+    if CAUSAL:
+        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
+    for start in tl.range(0, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kv_mask = (cols[:, None] < Nk) & dmask[None, :]
+        k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k)) * sm_scale
+            dp = tl.dot(do, tl.trans(v))
+        valid = (cols[None, :] < Nk) & (lse[:, None] > float("-inf"))
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None] + offset)
+        p = tl.where(valid, tl.exp(s - lse_safe[:, None]), 0.0)
+        ds = p * (dp - delta[:, None])
+        if IEEE:
+            dq += tl.dot(ds, k.to(tl.float32), input_precision="ieee")
+        else:
+            dq += tl.dot(ds.to(k.dtype), k)
+    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
+             mask=q_mask)
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    block_d = max(16, triton.next_power_of_2(D))
+    bm, bn, warps, _ = _blocks(D, q.dtype)
+    bm, bn = (16, 16) if INTERPRETED else (64, 64) if D <= 128 else (32, 32)
+    ieee = q.dtype == torch.float32
+    delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    _bwd_preprocess[(triton.cdiv(Nq, bm), B * Hq)](o, do, delta, Nq, Hq, *o.stride()[:3], *do.stride()[:3],
+                                                    HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm)
+    dq = torch.empty_like(q)
+    # dK/dV per query head (GQA sums them into the shared K/V head below)
+    dk_h = torch.empty((B, Hq, Nk, D), device=q.device, dtype=torch.float32 if group > 1 else k.dtype)
+    dv_h = torch.empty_like(dk_h)
+    common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, IEEE=ieee,
+                  num_warps=1 if INTERPRETED else 4)
+    _bwd_dkdv_kernel[(triton.cdiv(Nk, bn), B * Hq)](
+        q, k, v, do, lse, delta, dk_h, dv_h, scale, Nq, Nk, Hq, group,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk_h.stride()[:3], **common)
+    _bwd_dq_kernel[(triton.cdiv(Nq, bm), B * Hq)](
+        q, k, v, do, lse, delta, dq, scale, Nq, Nk, Hq, group,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], **common)
+    if group > 1:
+        dk = dk_h.view(B, Hkv, group, Nk, D).sum(2).to(k.dtype)
+        dv = dv_h.view(B, Hkv, group, Nk, D).sum(2).to(v.dtype)
+    else:
+        dk, dv = dk_h, dv_h
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = _forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+    """softmax(q k^T * scale) v without materializing the scores; differentiable in q, k and v."""
+    check_inputs(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale)
+    return (o, lse) if return_lse else o

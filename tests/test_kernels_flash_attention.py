@@ -1,0 +1,122 @@
+"""minillm/kernels/flash_attention.py against the NumPy references.
+
+On CPU the kernels run in Triton's interpreter (fp32 and fp16; the interpreter's bf16 dot is
+wrong, triton #11584). On a GPU the same tests run compiled, plus bf16 under the tolerance rule:
+error vs a float64 reference <= 2x (+eps) that of torch's same-precision math attention.
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
+
+from minillm.attention import flash_attention_backward, standard_attention  # noqa: E402
+from minillm.kernels.flash_attention import flash_attention  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
+
+
+def make(b, hq, hkv, nq, nk, d, dtype, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, nq, d, generator=g) * scale
+    k, v = torch.randn(b, hkv, nk, d, generator=g), torch.randn(b, hkv, nk, d, generator=g)
+    return [t.to(dtype).to(DEVICE) for t in (q, k, v)]
+
+
+def ref(q, k, v, causal):
+    return standard_attention(*(t.double().cpu().numpy() for t in (q, k, v)), causal=causal)
+
+
+@pytest.mark.parametrize("n", [1, 7, 63, 65])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_flash_attention_lengths(n, causal, dtype):
+    q, k, v = make(1, 2, 1, n, n, 32, dtype)
+    np.testing.assert_allclose(flash_attention(q, k, v, causal=causal).double().cpu().numpy(), ref(q, k, v, causal),
+                               atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 128, 256])
+def test_flash_attention_head_dims(d):
+    q, k, v = make(1, 2, 2, 20, 20, d, torch.float32, seed=d)
+    np.testing.assert_allclose(flash_attention(q, k, v, causal=True).double().cpu().numpy(), ref(q, k, v, True),
+                               atol=TOL[torch.float32])
+
+
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize("nq,nk", [(5, 37), (37, 5), (1, 50)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_gqa_and_unequal_lengths(hq, hkv, nq, nk, causal):
+    q, k, v = make(2, hq, hkv, nq, nk, 16, torch.float32)
+    o, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[torch.float32])
+    if causal and nq > nk:  # rows with no visible key: zeros and -inf lse, never NaN
+        assert torch.all(o[:, :, : nq - nk] == 0) and torch.all(torch.isinf(lse[:, :, : nq - nk]))
+    assert torch.isfinite(o).all()
+
+
+def test_flash_attention_long_sequence():
+    q, k, v = make(1, 1, 1, 1000, 1000, 32, torch.float32, seed=5)
+    np.testing.assert_allclose(flash_attention(q, k, v, causal=True).double().cpu().numpy(), ref(q, k, v, True),
+                               atol=TOL[torch.float32])
+
+
+def test_flash_attention_logits_scaled_100x_stay_finite():
+    q, k, v = make(1, 2, 2, 40, 40, 32, torch.float32, scale=100.0)
+    out = flash_attention(q, k, v, causal=True)
+    assert torch.isfinite(out).all()
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref(q, k, v, True), atol=1e-4)
+
+
+@pytest.mark.parametrize("nq,nk,causal,hq,hkv", [(9, 9, True, 2, 2), (20, 33, False, 4, 2), (33, 20, True, 4, 1),
+                                                 (1, 17, True, 2, 1)])
+def test_flash_attention_gradients_match_reference(nq, nk, causal, hq, hkv):
+    q, k, v = (t.requires_grad_() for t in make(1, hq, hkv, nq, nk, 16, torch.float32, seed=3))
+    o, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    do = torch.randn_like(o)
+    o.backward(do)
+    arrays = [t.detach().double().cpu().numpy() for t in (q, k, v, o)]
+    want = flash_attention_backward(*arrays, lse.detach().double().cpu().numpy(), do.double().cpu().numpy(),
+                                    causal=causal)
+    for got, w in zip((q.grad, k.grad, v.grad), want):
+        np.testing.assert_allclose(got.double().cpu().numpy(), w, atol=5e-5)
+
+
+def test_flash_attention_gradients_match_torch_autograd():
+    q, k, v = (t.requires_grad_() for t in make(1, 2, 2, 24, 24, 16, torch.float32, seed=4))
+    flash_attention(q, k, v, causal=True).sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    torch.nn.functional.scaled_dot_product_attention(q2, k2, v2, is_causal=True).sum().backward()
+    for a, b in zip(grads, (q2.grad, k2.grad, v2.grad)):
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("make_bad,match", [
+    (lambda: make(1, 2, 2, 4, 4, 16, torch.float32)[:2] + [torch.zeros(1, 2, 5, 16, device=DEVICE)], "same shape"),
+    (lambda: make(1, 3, 2, 4, 4, 16, torch.float32), "multiple"),
+    (lambda: make(1, 2, 2, 4, 4, 512, torch.float32), "head dim"),
+    (lambda: [t.to(torch.int32) for t in make(1, 2, 2, 4, 4, 16, torch.float32)], "dtype"),
+    (lambda: [make(1, 2, 2, 4, 4, 16, torch.float32)[0].half()] + make(1, 2, 2, 4, 4, 16, torch.float32)[1:], "share a dtype"),
+    (lambda: [t[0] for t in make(1, 2, 2, 4, 4, 16, torch.float32)], "4-D"),
+])
+def test_flash_attention_rejects_bad_input(make_bad, match):
+    with pytest.raises(ValueError, match=match):
+        flash_attention(*make_bad())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_gpu_tolerance_rule(dtype, causal):
+    q, k, v = make(2, 8, 2, 1000, 1000, 128, dtype, seed=7)
+    gold = torch.from_numpy(ref(q, k, v, causal)).to(DEVICE)
+    rep = lambda t: t.repeat_interleave(4, dim=1)  # noqa: E731
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        math_out = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), is_causal=causal)
+    err = (flash_attention(q, k, v, causal=causal).double() - gold).abs().max().item()
+    err_math = (math_out.double() - gold).abs().max().item()
+    assert err <= 2 * err_math + 1e-5, (err, err_math)
