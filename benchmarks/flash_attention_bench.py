@@ -1,0 +1,106 @@
+"""Benchmark minillm's Triton FlashAttention against PyTorch's SDPA backends (and flex_attention).
+
+    python benchmarks/flash_attention_bench.py --out benchmarks/results/flash_attention_h200.json
+
+All providers run in the same process on the same inputs: bf16, B=4, H=32, D in {64, 128},
+N in {1024, ..., 16384}, causal and not, forward and forward+backward. TFLOP/s counts the
+useful FLOPs (4*B*H*N^2*D for the forward, halved when causal; the backward is 2.5x the forward).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+import torch
+
+from minillm.kernels.flash_attention import flash_attention  # first: it decides interpreter vs compiled
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
+
+BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+            "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def provider_fn(name, q, k, v, causal):
+    if name == "minillm":
+        return lambda: flash_attention(q, k, v, causal=causal)
+    if name == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention)
+        mask = None
+        if causal:
+            n = q.shape[2]
+            mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, n, n, device=q.device)
+        return lambda: compiled(q, k, v, block_mask=mask)
+    backend = BACKENDS[name]
+
+    def run():
+        with sdpa_kernel(backend):
+            return sdpa(q, k, v, is_causal=causal)
+    return run
+
+
+def time_ms(fn, mode, q, k, v):
+    if mode == "fwd":
+        return triton.testing.do_bench(fn, warmup=25, rep=100)
+    out = fn()
+    do = torch.randn_like(out)
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        fn().backward(do)
+    return triton.testing.do_bench(fwd_bwd, warmup=10, rep=100)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--bwd-seq-lens", type=int, nargs="+", default=None, help="N for fwd+bwd (default: --seq-lens)")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"])
+    ap.add_argument("--providers", nargs="+", default=["minillm", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=32)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("flash_attention_bench.py needs a CUDA GPU")
+    rows = []
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
+            "command": "python " + " ".join(sys.argv), "dtype": "bfloat16", "batch": args.batch, "heads": args.heads,
+            "timing": "triton.testing.do_bench (median ms)",
+            "flops": "fwd 4*B*H*N^2*D (x0.5 causal); fwd+bwd 3.5x fwd"}
+    print(f"{'op':8s} {'D':>4s} {'N':>6s} {'causal':>6s} {'provider':15s} {'ms':>9s} {'TFLOP/s':>8s}")
+    for mode in args.modes:
+        for d in args.head_dims:
+            for n in (args.bwd_seq_lens or args.seq_lens) if mode == "fwd+bwd" else args.seq_lens:
+                for causal in (False, True):
+                    shape = (args.batch, args.heads, n, d)
+                    flops = 4 * args.batch * args.heads * n * n * d * (0.5 if causal else 1.0)
+                    flops *= 3.5 if mode == "fwd+bwd" else 1.0
+                    for prov in args.providers:
+                        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16,
+                                               requires_grad=mode != "fwd") for _ in range(3))
+                        try:
+                            ms = time_ms(provider_fn(prov, q, k, v, causal), mode, q, k, v)
+                            tflops, err = flops / (ms * 1e-3) / 1e12, None
+                        except Exception as e:  # a backend that does not support the shape: record, go on
+                            ms, tflops, err = None, None, f"{type(e).__name__}: {str(e)[:160]}"
+                        rows.append({"op": mode, "D": d, "N": n, "causal": causal, "provider": prov,
+                                     "ms": ms, "tflops": tflops, "error": err})
+                        shown = f"{ms:9.3f} {tflops:8.1f}" if ms else f"{'-':>9s} {'-':>8s}  {err[:60]}"
+                        print(f"{mode:8s} {d:4d} {n:6d} {str(causal):>6s} {prov:15s} {shown}", flush=True)
+                        if args.out:  # rewritten after every row, so a cut-short run keeps what it measured
+                            with open(args.out, "w") as f:
+                                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
