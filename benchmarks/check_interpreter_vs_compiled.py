@@ -10,11 +10,15 @@ the GPU on the same inputs and prints the max differences, exiting non-zero if a
 import json
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
-from minillm.kernels.flash_attention import flash_attention
-from minillm.kernels.softmax import softmax
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from minillm.kernels.flash_attention import flash_attention  # noqa: E402
+from minillm.kernels.softmax import softmax  # noqa: E402
 
 CASES = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal)
     ("square_causal", 1, 4, 2, 65, 65, 64, True),

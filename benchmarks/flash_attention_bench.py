@@ -12,10 +12,13 @@ import argparse
 import datetime
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-from minillm.kernels.flash_attention import flash_attention  # first: it decides interpreter vs compiled
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from minillm.kernels.flash_attention import flash_attention  # noqa: E402  (first: it decides interpreter vs compiled)
 
 import triton  # noqa: E402
 import triton.testing  # noqa: E402

@@ -120,3 +120,14 @@ def test_flash_attention_gpu_tolerance_rule(dtype, causal):
     err = (flash_attention(q, k, v, causal=causal).double() - gold).abs().max().item()
     err_math = (math_out.double() - gold).abs().max().item()
     assert err <= 2 * err_math + 1e-5, (err, err_math)
+
+
+def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
+    """The kernel plugs into the model's attn_fn; prefill and cached decoding give the same tokens."""
+    from minillm.kvcache import cached_decode
+    from minillm.torch_model import TorchModel, TorchRunner
+
+    runner = TorchRunner(TorchModel.from_numpy(tiny_model.config, tiny_model.params, attn_fn=flash_attention),
+                         device=DEVICE)
+    prompt = list(b"def read_config(path):\n")
+    assert cached_decode(runner, prompt, 24).tokens == cached_decode(tiny_model, prompt, 24).tokens
