@@ -106,6 +106,20 @@ def test_flash_attention_rejects_bad_input(make_bad, match):
         flash_attention(*make_bad())
 
 
+def test_flash_attention_bfloat16_is_upcast_in_interpreter():
+    from minillm.kernels import INTERPRETED
+
+    if not INTERPRETED:
+        pytest.skip("compiled Triton runs bf16 natively")
+    q, k, v = make(1, 2, 1, 30, 30, 32, torch.bfloat16)
+    q.requires_grad_()
+    out = flash_attention(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16
+    np.testing.assert_allclose(out.detach().double().numpy(), ref(q.detach(), k, v, True), atol=1e-2)
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
@@ -131,3 +145,9 @@ def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
                          device=DEVICE)
     prompt = list(b"def read_config(path):\n")
     assert cached_decode(runner, prompt, 24).tokens == cached_decode(tiny_model, prompt, 24).tokens
+
+
+def test_flash_attention_rejects_mismatched_devices():
+    q, k, v = make(1, 2, 2, 4, 4, 16, torch.float32)
+    with pytest.raises(ValueError, match="one device"):
+        flash_attention(q, k.to("meta"), v)

@@ -310,8 +310,17 @@ class _FlashAttention(torch.autograd.Function):
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
-    """softmax(q k^T * scale) v without materializing the scores; differentiable in q, k and v."""
+    """softmax(q k^T * scale) v without materializing the scores; differentiable in q, k and v.
+
+    bfloat16 in Triton's interpreter (no CUDA) is upcast to float32 for the computation and the
+    result cast back to bfloat16, because the interpreter computes bf16 ``tl.dot`` wrongly
+    (triton #11584). Compiled on a GPU, bf16 runs natively.
+    """
     check_inputs(q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale)
+    if INTERPRETED and q.dtype == torch.bfloat16:
+        o, lse = _FlashAttention.apply(q.float(), k.float(), v.float(), bool(causal), scale)
+        o = o.to(torch.bfloat16)
+    else:
+        o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale)
     return (o, lse) if return_lse else o
