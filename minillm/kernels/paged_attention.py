@@ -1,0 +1,125 @@
+"""Paged decode attention in Triton, flash-decoding style (chapter 7).
+
+Same contract as ``minillm.paged_attention.paged_attention``: q (B, Hq, D); caches
+(num_blocks, block_size, Hkv, D); block_table (B, max_blocks) int32; seq_lens (B,) int32.
+
+Grid: (B, Hkv, num_splits). Each program owns one KV head of one sequence and a
+contiguous slice of its tokens. It loads every key and value of that slice ONCE and
+uses it for the whole group of query heads that share the KV head (GQA), walking
+the slice in TILE-token steps: for each token the physical block comes from the
+block table, so any block size works (TILE may span several small blocks). It keeps
+a running (m, l, acc) and writes an unnormalized partial. A second step merges the
+partials of all splits through their log-sum-exp -- the merge of chapter 5.
+
+Splitting a long sequence across programs is what keeps the GPU busy at small
+batch: with B * Hkv programs alone, a batch of one would use a handful of SMs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..paged_attention import check_paged_inputs
+from . import INTERPRETED
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@triton.jit
+def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, split_len,
+                         sqb, sqh, skb, sks, skh, svb, svs, svh, stb, max_blocks, num_splits,
+                         Hq, GROUP, BLOCK_SIZE, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(LENS + b)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    g = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, BLOCK_D)
+    heads = hk * GROUP + g                       # the query heads that share KV head hk
+    gmask = g < GROUP
+    dmask = dims < HEAD_DIM
+    q = tl.load(Q + b * sqb + heads[:, None] * sqh + dims[None, :], mask=gmask[:, None] & dmask[None, :], other=0.0)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for t0 in tl.range(start, end, TILE):
+        pos = t0 + tl.arange(0, TILE)
+        pmask = pos < end
+        phys = tl.load(TABLE + b * stb + pos // BLOCK_SIZE, mask=pmask, other=0)  # padding is never read
+        slot = pos % BLOCK_SIZE
+        kmask = pmask[:, None] & dmask[None, :]
+        k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kmask, other=0.0)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(pmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(VC + phys[:, None] * svb + slot[:, None] * svs + hk * svh + dims[None, :], mask=kmask, other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    row = (b * Hq + heads) * num_splits + split
+    tl.store(M_OUT + row, m, mask=gmask)
+    tl.store(L_OUT + row, l, mask=gmask)
+    tl.store(O_OUT + row[:, None] * BLOCK_D + dims[None, :], acc, mask=gmask[:, None])
+
+
+def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
+    """Enough programs to cover the SMs about twice, never slices shorter than 256 tokens."""
+    if INTERPRETED:
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(math.ceil(2 * sms / (batch * hkv)), math.ceil(max_len / 256), 64))
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
+                    num_splits: int | None = None) -> torch.Tensor:
+    B, Hq, Hkv, D, block_size, _ = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
+    if len({t.device for t in (q, k_cache, v_cache, block_table, seq_lens)}) != 1:
+        raise ValueError("q, caches, block_table and seq_lens must be on one device")
+    if q.device.type != "cuda" and not INTERPRETED:
+        raise ValueError(f"tensors are on {q.device}; compiled Triton kernels need CUDA tensors")
+    if D > 256:
+        raise ValueError(f"unsupported head dim {D}: at most 256")
+    if not 1 <= block_size <= 1024:
+        raise ValueError(f"unsupported block size {block_size}")
+    out_dtype = q.dtype
+    if INTERPRETED and q.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong (triton #11584)
+        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    group = Hq // Hkv
+    max_len = int(seq_lens.max())
+    splits = num_splits or default_splits(B, Hkv, max_len, q.device)
+    tile = max(16, min(64, triton.next_power_of_2(block_size)))
+    split_len = triton.cdiv(triton.cdiv(max_len, splits), tile) * tile
+    block_d = max(16, triton.next_power_of_2(D))
+    m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
+    l = torch.empty_like(m)
+    o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
+    qc = q if q.stride(-1) == 1 else q.contiguous()
+    _paged_decode_kernel[(B, Hkv, splits)](
+        qc, k_cache, v_cache, block_table, seq_lens, m, l, o, scale * 1.4426950408889634, split_len,
+        qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
+        block_table.shape[1], splits, Hq, group, block_size,
+        HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, triton.next_power_of_2(group)), TILE=tile,
+        IEEE=q.dtype == torch.float32, num_warps=1 if INTERPRETED else 4)
+    # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel)
+    m_star = m.max(dim=-1, keepdim=True).values
+    w = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp2(m - m_star))
+    out = (o[..., :D] * w[..., None]).sum(2) / (l * w).sum(-1, keepdim=True)
+    return out.to(out_dtype)

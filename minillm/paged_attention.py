@@ -1,0 +1,83 @@
+"""Chapter 7: decode attention over a paged KV cache, NumPy reference.
+
+Layout (shared with the Triton kernel, ``minillm.kernels.paged_attention``):
+
+    q            (B, Hq, D)                       one new query row per sequence
+    k_cache      (num_blocks, block_size, Hkv, D) the "NHD" page layout (flash-attn, FlashInfer)
+    v_cache      (num_blocks, block_size, Hkv, D)
+    block_table  (B, max_blocks) int32            logical block i of sequence b lives in block_table[b, i]
+    seq_lens     (B,) int32                       tokens cached for each sequence
+
+Position t of sequence b is slot ``t % block_size`` of physical block
+``block_table[b, t // block_size]``. Entries of the table past a sequence's last
+block are padding and are never read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .softmax import safe_softmax
+
+
+def check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens) -> tuple[int, ...]:
+    """Validate shapes, dtypes and every table entry that will be read; return (B, Hq, Hkv, D, bs, nb)."""
+    shapes = {n: tuple(x.shape) for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                                                ("block_table", block_table), ("seq_lens", seq_lens))}
+    if len(shapes["q"]) != 3:
+        raise ValueError(f"q must be (B, Hq, D), got {shapes['q']}")
+    if len(shapes["k_cache"]) != 4 or shapes["k_cache"] != shapes["v_cache"]:
+        raise ValueError(f"k_cache and v_cache must share a (num_blocks, block_size, Hkv, D) shape, "
+                         f"got {shapes['k_cache']} and {shapes['v_cache']}")
+    B, Hq, D = shapes["q"]
+    num_blocks, block_size, Hkv, Dk = shapes["k_cache"]
+    if Dk != D:
+        raise ValueError(f"head dim of q ({D}) and cache ({Dk}) differ")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    if len(shapes["block_table"]) != 2 or shapes["block_table"][0] != B:
+        raise ValueError(f"block_table must be (B={B}, max_blocks), got {shapes['block_table']}")
+    if shapes["seq_lens"] != (B,):
+        raise ValueError(f"seq_lens must be (B={B},), got {shapes['seq_lens']}")
+    for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
+        if str(x.dtype) not in ("int32", "torch.int32"):
+            raise ValueError(f"{name} must be int32, got {x.dtype}")
+    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    lens = np.asarray(seq_lens.cpu() if hasattr(seq_lens, "cpu") else seq_lens).astype(np.int64)
+    table = np.asarray(block_table.cpu() if hasattr(block_table, "cpu") else block_table).astype(np.int64)
+    max_blocks = table.shape[1]
+    if lens.min(initial=1) < 1:
+        raise ValueError(f"every seq_len must be >= 1, got {lens.tolist()}")
+    needed = -(-lens // block_size)
+    if needed.max(initial=0) > max_blocks:
+        b = int(needed.argmax())
+        raise ValueError(f"seq_len {lens[b]} of sequence {b} needs {needed[b]} blocks; its table covers {max_blocks}")
+    used = np.arange(max_blocks)[None, :] < needed[:, None]
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bad.any():
+        b, i = map(int, np.argwhere(bad)[0])
+        raise ValueError(f"block_table[{b}, {i}] = {table[b, i]} points outside the pool of {num_blocks} blocks")
+    return B, Hq, Hkv, D, block_size, num_blocks
+
+
+def gather_kv(k_cache, v_cache, block_table, seq_len: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The contiguous (seq_len, Hkv, D) keys and values of sequence b."""
+    bs = k_cache.shape[1]
+    pos = np.arange(seq_len)
+    phys = np.asarray(block_table)[b, pos // bs]
+    return k_cache[phys, pos % bs], v_cache[phys, pos % bs]
+
+
+def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None) -> np.ndarray:
+    """softmax(q K^T * scale) V for each sequence's cached keys, read through its block table."""
+    B, Hq, Hkv, D, _, _ = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
+    ct = np.result_type(np.float32, q.dtype)
+    group = Hq // Hkv
+    out = np.empty((B, Hq, D), ct)
+    for b in range(B):
+        k, v = gather_kv(k_cache, v_cache, block_table, int(seq_lens[b]), b)   # (L, Hkv, D)
+        qb = q[b].astype(ct).reshape(Hkv, group, D)
+        s = np.einsum("hgd,lhd->hgl", qb, k.astype(ct)) * scale
+        out[b] = np.einsum("hgl,lhd->hgd", safe_softmax(s), v.astype(ct)).reshape(Hq, D)
+    return out.astype(q.dtype, copy=False)

@@ -1,0 +1,73 @@
+"""minillm/kernels/paged_attention.py against the NumPy reference and against SDPA on the gathered cache."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
+
+from minillm.kernels.paged_attention import paged_attention  # noqa: E402
+from minillm.paged_attention import gather_kv, paged_attention as paged_reference  # noqa: E402
+
+from .test_paged_attention import random_paged  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def to_torch(arrays, dtype):
+    q, kc, vc, table, lens = arrays
+    return [torch.from_numpy(x).to(DEVICE).to(dtype) for x in (q, kc, vc)] + \
+           [torch.from_numpy(x).to(DEVICE) for x in (table, lens)]
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_paged_attention_kernel_matches_reference(block_size, dtype, rng):
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=block_size, lens=(1, 13, 150), num_blocks=60)
+    got = paged_attention(*to_torch(arrays, dtype)).double().cpu().numpy()
+    q, kc, vc, table, lens = arrays
+    want = paged_reference(q.astype(np.float64) if dtype == torch.float32 else q.astype(np.float16).astype(np.float64),
+                           kc.astype(np.float16).astype(np.float64) if dtype == torch.float16 else kc.astype(np.float64),
+                           vc.astype(np.float16).astype(np.float64) if dtype == torch.float16 else vc.astype(np.float64),
+                           table, lens)
+    np.testing.assert_allclose(got, want, atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
+def test_paged_attention_kernel_split_k_merge_is_exact(num_splits, rng):
+    arrays = random_paged(rng, Hq=4, Hkv=1, D=16, block_size=16, lens=(200, 33), B=2, num_blocks=30)
+    got = paged_attention(*to_torch(arrays, torch.float32), num_splits=num_splits).cpu().numpy()
+    np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (8, 1), (12, 4)])
+def test_paged_attention_kernel_gqa_matches_sdpa_on_gathered_cache(hq, hkv, rng):
+    arrays = random_paged(rng, Hq=hq, Hkv=hkv, D=64, block_size=16, lens=(5, 47), B=2, num_blocks=12)
+    got = paged_attention(*to_torch(arrays, torch.float32))
+    q, kc, vc, table, lens = arrays
+    for b, n in enumerate(lens):
+        k, v = (torch.from_numpy(t.transpose(1, 0, 2).copy())[None] for t in gather_kv(kc, vc, table, int(n), b))
+        want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q[b])[None, :, None], k, v,
+                                                                enable_gqa=hq != hkv)
+        torch.testing.assert_close(got[b].cpu(), want[0, :, 0], atol=2e-5, rtol=1e-4)
+
+
+def test_paged_attention_kernel_bfloat16_upcast_in_interpreter(rng):
+    arrays = random_paged(rng, D=32)
+    out = paged_attention(*to_torch(arrays, torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    np.testing.assert_allclose(out.double().cpu().numpy(), paged_reference(*arrays), atol=TOL[torch.bfloat16] * 3)
+
+
+def test_paged_attention_kernel_rejects_out_of_pool_table(rng):
+    q, kc, vc, table, lens = random_paged(rng)
+    table[2, 0] = 10_000
+    with pytest.raises(ValueError, match="outside the pool"):
+        paged_attention(*to_torch((q, kc, vc, table, lens), torch.float32))
+
+
+def test_paged_attention_kernel_rejects_mismatched_dtypes(rng):
+    args = to_torch(random_paged(rng), torch.float32)
+    args[1] = args[1].half()
+    with pytest.raises(ValueError, match="dtype"):
+        paged_attention(*args)
