@@ -221,9 +221,10 @@ class Model:
             v = heads(_linear(h, P[p + "wv"], ops), cfg.n_kv_heads)
             if cache is not None:
                 k, v = cache.write(layer, k, v)  # views of all cached positions
-            a = self.attn_fn(q, k, v, causal=True)
+            attend = getattr(cache, "attend", None)  # a paged cache reads K/V through its block tables
+            a = attend(layer, q, k, v) if attend is not None else self.attn_fn(q, k, v, causal=True)
             if ops is not None:
-                ops.score_elements += B * cfg.n_heads * N * k.shape[2]
+                ops.score_elements += B * cfg.n_heads * N * (start + N)
             x = x + _linear(a.transpose(0, 2, 1, 3).reshape(B, N, cfg.n_heads * hd), P[p + "wo"], ops)
             h = rms_norm(x, P[p + "mlp_norm"], cfg.norm_eps)
             gated = silu(_linear(h, P[p + "w_gate"], ops)) * _linear(h, P[p + "w_up"], ops)

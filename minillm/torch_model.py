@@ -100,9 +100,10 @@ class TorchModel(nn.Module):
             v = lin(h, blk.wv).view(B, N, cfg.n_kv_heads, hd).transpose(1, 2)
             if cache is not None:
                 k, v = cache.write(i, k, v)
-            a = self.attn_fn(q, k, v, causal=True)
+            attend = getattr(cache, "attend", None)  # a paged cache reads K/V through its block tables
+            a = attend(i, q, k, v) if attend is not None else self.attn_fn(q, k, v, causal=True)
             if ops is not None:
-                ops.score_elements += B * cfg.n_heads * N * k.shape[2]
+                ops.score_elements += B * cfg.n_heads * N * (start + N)
             x = x + lin(a.transpose(1, 2).reshape(B, N, cfg.n_heads * hd), blk.wo)
             h = _rms(x, blk.mlp_norm, cfg.norm_eps)
             x = x + lin(F.silu(lin(h, blk.w_gate)) * lin(h, blk.w_up), blk.w_down)

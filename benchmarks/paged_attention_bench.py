@@ -1,0 +1,91 @@
+"""Benchmark minillm's paged decode kernel against SDPA on a contiguous cache of the same data.
+
+    python benchmarks/paged_attention_bench.py --out benchmarks/results/paged_attention_h200.json
+
+bf16, GQA with 32 query heads and 8 KV heads, D=128; B in {1, 16, 64, 256}, L in {1024, 4096,
+16384} (+131072 where it fits), block sizes 16 and 128. ``tbps`` is bytes of K and V read per
+second (2 * B * L * Hkv * D * 2 bytes per call), in TB/s. The SDPA providers run on contiguous
+(B, Hkv, L, D) tensors holding the same values, in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from minillm.kernels.paged_attention import paged_attention  # noqa: E402  (first: interpreter vs compiled)
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
+
+BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 131072])
+    ap.add_argument("--block-sizes", type=int, nargs="+", default=[16, 128])
+    ap.add_argument("--mem-limit-gib", type=float, default=60.0, help="skip (B, L) whose cache exceeds this")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("paged_attention_bench.py needs a CUDA GPU")
+    hq, hkv, d = 32, 8, 128
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
+            "command": "python " + " ".join(sys.argv), "dtype": "bfloat16", "Hq": hq, "Hkv": hkv, "D": d,
+            "tbps": "bytes of K and V read per call / time, TB/s", "timing": "triton.testing.do_bench (median)"}
+    rows = []
+    print(f"{'B':>4s} {'L':>7s} {'block':>5s} {'provider':12s} {'ms':>8s} {'TB/s':>6s}")
+    for B in args.batches:
+        for L in args.lengths:
+            kv_bytes = 2 * B * L * hkv * d * 2
+            if kv_bytes * 2.2 > args.mem_limit_gib * 2**30:  # paged pool + contiguous copy
+                continue
+            q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(B, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            for bs in args.block_sizes:
+                nb = L // bs
+                perm = torch.randperm(B * nb, device="cuda").to(torch.int32)  # scattered physical blocks
+                table = perm.view(B, nb)
+                kc = torch.empty(B * nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
+                vc = torch.empty_like(kc)
+                kc[table.long().flatten()] = k.view(B, hkv, nb, bs, d).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, hkv, d)
+                vc[table.long().flatten()] = v.view(B, hkv, nb, bs, d).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, hkv, d)
+                lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
+                ms = triton.testing.do_bench(lambda: paged_attention(q, kc, vc, table, lens))
+                rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", "ms": ms,
+                             "tbps": kv_bytes / (ms * 1e-3) / 1e12})
+                print(f"{B:4d} {L:7d} {bs:5d} {'minillm':12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}", flush=True)
+                del kc, vc
+            for name, backend in BACKENDS.items():
+                try:
+                    def run():
+                        with sdpa_kernel(backend):
+                            return sdpa(q[:, :, None], k, v, enable_gqa=True)
+                    ms = triton.testing.do_bench(run)
+                    row = {"B": B, "L": L, "block_size": None, "provider": name, "ms": ms,
+                           "tbps": kv_bytes / (ms * 1e-3) / 1e12}
+                except Exception as e:  # a backend that rejects the shape: record it
+                    row = {"B": B, "L": L, "block_size": None, "provider": name, "ms": None, "tbps": None,
+                           "error": f"{type(e).__name__}: {str(e)[:160]}"}
+                rows.append(row)
+                print(f"{B:4d} {L:7d} {'-':>5s} {name:12s} {row['ms'] or float('nan'):8.3f} {row['tbps'] or float('nan'):6.2f}",
+                      flush=True)
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
