@@ -49,6 +49,36 @@ def provider_fn(name, q, k, v, causal):
     return run
 
 
+def standard_attention_torch(q, k, v, causal):
+    """The materializing baseline: S and P are full (B, H, N, N) tensors."""
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
+
+
+def peak_memory_rows(args):
+    """Extra memory one forward call allocates (output included): minillm vs the materializing baseline."""
+    rows = []
+    for n in args.seq_lens:
+        q, k, v = (torch.randn(args.batch, args.heads, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for prov, fn in (("minillm", lambda: flash_attention(q, k, v)), ("standard", lambda: standard_attention_torch(q, k, v, False))):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            try:
+                out = fn()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() - base
+                del out
+            except torch.cuda.OutOfMemoryError:
+                peak = None
+            torch.cuda.empty_cache()
+            rows.append({"op": "memory", "D": 128, "N": n, "causal": False, "provider": prov, "peak_bytes": peak})
+            print(f"memory   128 {n:6d}  False {prov:15s} {'OOM' if peak is None else f'{peak / 2**20:9.0f} MiB'}", flush=True)
+    return rows
+
+
 def time_ms(fn, mode, q, k, v):
     if mode == "fwd":
         return triton.testing.do_bench(fn, warmup=25, rep=100)
@@ -71,6 +101,7 @@ def main(argv=None):
     ap.add_argument("--providers", nargs="+", default=["minillm", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"])
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_bench.py needs a CUDA GPU")
@@ -81,6 +112,8 @@ def main(argv=None):
             "timing": "triton.testing.do_bench (median ms)",
             "flops": "fwd 4*B*H*N^2*D (x0.5 causal); fwd+bwd 3.5x fwd"}
     print(f"{'op':8s} {'D':>4s} {'N':>6s} {'causal':>6s} {'provider':15s} {'ms':>9s} {'TFLOP/s':>8s}")
+    if not args.no_memory:
+        rows.extend(peak_memory_rows(args))
     for mode in args.modes:
         for d in args.head_dims:
             for n in (args.bwd_seq_lens or args.seq_lens) if mode == "fwd+bwd" else args.seq_lens:
