@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..attention import check_attention_inputs
 from . import INTERPRETED
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -41,17 +42,8 @@ def check_inputs(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    B, Hq, Nq, D = q.shape
-    if k.shape[0] != B or k.shape[3] != D:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or head dim")
-    if k.shape[1] == 0 or Hq % k.shape[1]:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({k.shape[1]})")
-    if min(B, Hq, Nq, k.shape[2], D) < 1:
-        raise ValueError(f"empty dimension in q {tuple(q.shape)} / k {tuple(k.shape)}")
+    # the layout rules are the NumPy reference's; only tensor-specific checks follow
+    D = check_attention_inputs(q, k, v)[-1]
     if D > MAX_HEAD_DIM:
         raise ValueError(f"unsupported head dim {D}: at most {MAX_HEAD_DIM}")
     if not (q.dtype == k.dtype == v.dtype):
