@@ -32,6 +32,7 @@ class PagedModelCache:
         self.tables: list[list[int]] = [[] for _ in range(batch)]
         self.length = 0
         self.paged_fn, self.dense_fn, self.index = paged_fn, dense_fn, index
+        self._memo: dict = {}  # slot maps and the block table for the current forward pass (same in every layer)
 
     @classmethod
     def allocate(cls, config, num_blocks: int, block_size: int = 16, batch: int = 1, dtype=np.float32):
@@ -49,6 +50,11 @@ class PagedModelCache:
                 table.append(self.allocator.allocate())
 
     def _slots(self, start: int, stop: int):
+        if ("slots", start, stop) not in self._memo:
+            self._memo[("slots", start, stop)] = self._build_slots(start, stop)
+        return self._memo[("slots", start, stop)]
+
+    def _build_slots(self, start: int, stop: int):
         pos = np.arange(start, stop)
         phys = np.array([[t[p // self.block_size] for p in pos] for t in self.tables])  # (B, n)
         return self.index(phys), self.index(np.broadcast_to(pos % self.block_size, phys.shape).copy())
@@ -65,8 +71,10 @@ class PagedModelCache:
         return k, v
 
     def block_table(self):
-        width = max(len(t) for t in self.tables)
-        return self.index(np.array([t + [0] * (width - len(t)) for t in self.tables], np.int32))
+        if "table" not in self._memo:
+            width = max(len(t) for t in self.tables)
+            self._memo["table"] = self.index(np.array([t + [0] * (width - len(t)) for t in self.tables], np.int32))
+        return self._memo["table"]
 
     def attend(self, layer: int, q, k_new, v_new):
         """Attention for the new positions of every row, reading the cache through the block tables."""
@@ -82,6 +90,7 @@ class PagedModelCache:
 
     def advance(self, n: int) -> None:
         self.length += n
+        self._memo.clear()
 
     def release(self) -> None:
         for table in self.tables:
@@ -89,3 +98,4 @@ class PagedModelCache:
                 self.allocator.free(block)
             table.clear()
         self.length = 0
+        self._memo.clear()
