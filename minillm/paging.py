@@ -486,23 +486,23 @@ class FirstFitAllocator:
         for hole in self.holes:
             if hole[1] >= size:
                 start = hole[0]
-                hole[0] += size
-                hole[1] -= size
-                if not hole[1]:
-                    self.holes.remove(hole)
-                self.free_slots -= size
+                self._take(hole, size)
                 return start
         return None
+
+    def _take(self, hole: list[int], n: int) -> None:
+        """Use the first ``n`` slots of ``hole``; drop the hole once it is empty."""
+        hole[0] += n
+        hole[1] -= n
+        if not hole[1]:
+            self.holes.remove(hole)
+        self.free_slots -= n
 
     def try_extend(self, start: int, size: int, extra: int) -> bool:
         """Grow the range [start, start+size) in place by ``extra`` slots if the hole right after it allows."""
         for hole in self.holes:
             if hole[0] == start + size and hole[1] >= extra:
-                hole[0] += extra
-                hole[1] -= extra
-                if not hole[1]:
-                    self.holes.remove(hole)
-                self.free_slots -= extra
+                self._take(hole, extra)
                 return True
             if hole[0] > start + size:
                 break
