@@ -100,7 +100,8 @@ class Partial:
 
 def partial_attention(scores, v) -> Partial:
     """The (m, l, o) partial of one block: scores (..., Nk), v (Nk, D) or (..., Nk, D)."""
-    s = np.asarray(scores, np.float64) if np.asarray(scores).dtype == np.float64 else np.asarray(scores, np.float32)
+    s = np.asarray(scores)
+    s = s.astype(np.float64 if s.dtype == np.float64 else np.float32, copy=False)  # fp64 stays fp64, else fp32
     m = s.max(axis=-1)
     safe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - safe[..., None])
