@@ -18,6 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402
+from minillm.kernels.paged_attention import paged_attention  # noqa: E402
 from minillm.kernels.softmax import softmax  # noqa: E402
 
 CASES = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal)
@@ -31,7 +32,7 @@ BOUND = {"float32": 1e-3, "float16": 4e-3}  # compiled fp32 dot is IEEE here; fp
 
 def inputs(case, dtype):
     _, B, Hq, Hkv, Nq, Nk, D, _ = case
-    g = torch.Generator().manual_seed(hash(case[0]) % 2**31)
+    g = torch.Generator().manual_seed(CASES.index(case))  # not hash(): str hashes differ between processes
     return (torch.randn(B, Hq, Nq, D, generator=g).to(dtype), torch.randn(B, Hkv, Nk, D, generator=g).to(dtype),
             torch.randn(B, Hkv, Nk, D, generator=g).to(dtype))
 
@@ -44,6 +45,14 @@ def run(device):
             out[f"{case[0]}/{str(dtype)[6:]}/attn"] = flash_attention(q, k, v, causal=case[7]).float().cpu().numpy()
     x = (torch.randn(3, 700, generator=torch.Generator().manual_seed(9)) * 10).to(device)
     out["softmax/float32"] = softmax(x).cpu().numpy()
+    g = torch.Generator().manual_seed(11)
+    lens = torch.tensor([1, 45, 300], dtype=torch.int32)
+    table = torch.randperm(3 * 19, generator=g).to(torch.int32).view(3, 19)  # 19 blocks of 16 cover 300
+    for dtype in (torch.float32, torch.float16):
+        q = torch.randn(3, 8, 128, generator=g).to(dtype)
+        kc, vc = (torch.randn(3 * 19, 16, 2, 128, generator=g).to(dtype) for _ in range(2))
+        o = paged_attention(*(t.to(device) for t in (q, kc, vc, table, lens)), num_splits=3)
+        out[f"paged/{str(dtype)[6:]}"] = o.float().cpu().numpy()
     return out
 
 

@@ -35,6 +35,9 @@ def provider_fn(name, q, k, v, causal):
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape; never fall back to eager
+            if hasattr(torch._dynamo.config, knob):
+                setattr(torch._dynamo.config, knob, 256)
         compiled = torch.compile(flex_attention)
         mask = None
         if causal:
@@ -99,18 +102,25 @@ def main(argv=None):
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"])
     ap.add_argument("--providers", nargs="+", default=["minillm", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex"])
+    ap.add_argument("--bwd-providers", nargs="+", default=None, help="providers for fwd+bwd (default: --providers)")
+    ap.add_argument("--append", action="store_true", help="add rows to an existing --out file (same meta)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_bench.py needs a CUDA GPU")
-    rows = []
+    rows, earlier = [], None
+    if args.append and args.out and Path(args.out).exists():
+        earlier = json.load(open(args.out))
+        rows = earlier["rows"]
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
             "command": "python " + " ".join(sys.argv), "dtype": "bfloat16", "batch": args.batch, "heads": args.heads,
             "timing": "triton.testing.do_bench (median ms)",
             "flops": "fwd 4*B*H*N^2*D (x0.5 causal); fwd+bwd 3.5x fwd"}
+    if earlier:  # one file, several invocations: keep every command that wrote rows into it
+        meta["command"] = earlier["meta"]["command"] + " && " + meta["command"]
     print(f"{'op':8s} {'D':>4s} {'N':>6s} {'causal':>6s} {'provider':15s} {'ms':>9s} {'TFLOP/s':>8s}")
     if not args.no_memory:
         rows.extend(peak_memory_rows(args))
@@ -121,7 +131,7 @@ def main(argv=None):
                     shape = (args.batch, args.heads, n, d)
                     flops = 4 * args.batch * args.heads * n * n * d * (0.5 if causal else 1.0)
                     flops *= 3.5 if mode == "fwd+bwd" else 1.0
-                    for prov in args.providers:
+                    for prov in (args.bwd_providers or args.providers) if mode == "fwd+bwd" else args.providers:
                         q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16,
                                                requires_grad=mode != "fwd") for _ in range(3))
                         try:

@@ -35,6 +35,9 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 131072])
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[16, 128])
+    ap.add_argument("--sweep-splits", type=int, nargs="*", default=[4, 8, 16, 32, 64, 128],
+                    help="also time these num_splits at B <= --sweep-max-batch (rows marked sweep)")
+    ap.add_argument("--sweep-max-batch", type=int, default=16)
     ap.add_argument("--mem-limit-gib", type=float, default=60.0, help="skip (B, L) whose cache exceeds this")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -54,6 +57,9 @@ def main(argv=None):
             q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
             k = torch.randn(B, hkv, L, d, device="cuda", dtype=torch.bfloat16)
             v = torch.randn_like(k)
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                              SDPBackend.MATH]):
+                want = sdpa(q[:, :, None], k, v, enable_gqa=True)[:, :, 0].float()
             for bs in args.block_sizes:
                 nb = L // bs
                 perm = torch.randperm(B * nb, device="cuda").to(torch.int32)  # scattered physical blocks
@@ -63,10 +69,22 @@ def main(argv=None):
                 kc[table.long().flatten()] = k.view(B, hkv, nb, bs, d).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, hkv, d)
                 vc[table.long().flatten()] = v.view(B, hkv, nb, bs, d).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, hkv, d)
                 lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
-                ms = triton.testing.do_bench(lambda: paged_attention(q, kc, vc, table, lens))
+                # checked once (validate=True reads the table back), then timed without the host check
+                got = paged_attention(q, kc, vc, table, lens).float()
+                diff = float((got - want).abs().max())
+                ms = triton.testing.do_bench(lambda: paged_attention(q, kc, vc, table, lens, validate=False))
                 rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", "ms": ms,
-                             "tbps": kv_bytes / (ms * 1e-3) / 1e12})
-                print(f"{B:4d} {L:7d} {bs:5d} {'minillm':12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}", flush=True)
+                             "tbps": kv_bytes / (ms * 1e-3) / 1e12, "max_abs_diff_vs_sdpa": diff})
+                print(f"{B:4d} {L:7d} {bs:5d} {'minillm':12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}  diff {diff:.1e}",
+                      flush=True)
+                if B <= args.sweep_max_batch and bs == args.block_sizes[0]:  # how many splits small batches want
+                    for n in args.sweep_splits:
+                        ms = triton.testing.do_bench(
+                            lambda: paged_attention(q, kc, vc, table, lens, validate=False, num_splits=n))
+                        rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", "num_splits": n,
+                                     "sweep": True, "ms": ms, "tbps": kv_bytes / (ms * 1e-3) / 1e12})
+                        print(f"{B:4d} {L:7d} {bs:5d} {'  splits=' + str(n):12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}",
+                              flush=True)
                 del kc, vc
             for name, backend in BACKENDS.items():
                 try:

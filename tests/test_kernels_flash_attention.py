@@ -56,6 +56,22 @@ def test_flash_attention_gqa_and_unequal_lengths(hq, hkv, nq, nk, causal):
     assert torch.isfinite(o).all()
 
 
+TILE_CONFIGS = ([(32, 16, 1, 1), (16, 32, 1, 1), (64, 16, 1, 1)] if DEVICE == "cpu"  # (BM, BN, warps, stages)
+                else [(128, 64, 4, 3), (64, 128, 4, 2), (128, 128, 8, 2)])
+
+
+@pytest.mark.parametrize("config", TILE_CONFIGS)
+@pytest.mark.parametrize("nq,nk", [(70, 70), (45, 100), (100, 45), (1, 33)])
+def test_forward_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk):
+    """BLOCK_M != BLOCK_N (as on the GPU) moves where the unmasked loop must stop at the diagonal."""
+    from minillm.kernels.flash_attention import _forward
+
+    q, k, v = make(1, 2, 1, nq, nk, 32, torch.float32, seed=nq + nk)
+    for causal in (False, True):
+        o, _ = _forward(q, k, v, causal, 32 ** -0.5, config=config)
+        np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[torch.float32])
+
+
 def test_flash_attention_long_sequence():
     q, k, v = make(1, 1, 1, 1000, 1000, 32, torch.float32, seed=5)
     np.testing.assert_allclose(flash_attention(q, k, v, causal=True).double().cpu().numpy(), ref(q, k, v, True),

@@ -71,3 +71,47 @@ def test_paged_attention_kernel_rejects_mismatched_dtypes(rng):
     args[1] = args[1].half()
     with pytest.raises(ValueError, match="dtype"):
         paged_attention(*args)
+
+
+def test_paged_attention_kernel_unvalidated_matches_validated_with_wide_table(rng):
+    """validate=False (no host sync) on a table far wider than the sequences: the extra splits are empty."""
+    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
+    wide = np.concatenate([table, np.zeros((table.shape[0], 9), np.int32)], axis=1)
+    args = to_torch((q, kc, vc, wide, lens), torch.float32)
+    fast = paged_attention(*args, validate=False, num_splits=4)
+    np.testing.assert_array_equal(fast.cpu().numpy(), paged_attention(*args, num_splits=4).cpu().numpy())
+    np.testing.assert_allclose(fast.cpu().numpy(), paged_reference(q, kc, vc, table, lens), atol=2e-5)
+
+
+def test_paged_attention_kernel_unvalidated_never_reads_outside_the_pool(rng):
+    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
+    bad = table.copy()
+    bad[2, 1] = 10_000_000  # far outside the pool: dereferencing it would fault or read garbage
+    bad[1, 0] = -5
+    out = paged_attention(*to_torch((q, kc, vc, bad, lens), torch.float32), validate=False).cpu().numpy()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)  # untouched row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_paged_attention_kernel_gpu_tolerance_rule(dtype, rng):
+    """Compiled, bf16/fp16: error vs float64 <= 2x (+eps) that of SDPA's same-precision math on the gathered cache."""
+    arrays = random_paged(rng, B=3, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 300, 1000), num_blocks=200)
+    q, kc, vc, table, lens = arrays
+    got = paged_attention(*to_torch(arrays, dtype)).double().cpu().numpy()
+    low = [t.astype(np.float64) for t in (q, kc, vc)]
+    tq, tk, tv = (torch.from_numpy(t).to(dtype).double().numpy() for t in low)  # inputs as the kernel saw them
+    want = paged_reference(tq, tk, tv, table, lens)
+    err_kernel = np.abs(got - want).max()
+    err_math = 0.0
+    for b, n in enumerate(lens):
+        k, v = (torch.from_numpy(t.transpose(1, 0, 2).copy())[None].to(DEVICE, dtype)
+                for t in gather_kv(tk, tv, table, int(n), b))
+        qb = torch.from_numpy(tq[b])[None, :, None].to(DEVICE, dtype)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel(SDPBackend.MATH):
+            o = torch.nn.functional.scaled_dot_product_attention(qb, k, v, enable_gqa=True)
+        err_math = max(err_math, float(np.abs(o[0, :, 0].double().cpu().numpy() - want[b]).max()))
+    assert err_kernel <= 2 * err_math + 1e-3, (err_kernel, err_math)

@@ -36,6 +36,7 @@ from . import INTERPRETED
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
+last_forward_kernel = None  # the compiled forward of the latest call: its n_regs/n_spills/shared feed the tune report
 
 
 def check_inputs(q, k, v) -> None:
@@ -57,61 +58,106 @@ def check_inputs(q, k, v) -> None:
 
 
 @triton.jit
+def _load_tile(ptrs, in_rows, in_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """tl.load with only the masks a tile needs: interior tiles of a power-of-two head dim load unmasked."""
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            x = tl.load(ptrs, mask=in_rows & in_cols, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=in_rows, other=0.0)
+    else:
+        if CHECK_COLS:
+            x = tl.load(ptrs, mask=in_cols, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               PAD_D: tl.constexpr, IEEE: tl.constexpr):
+    """Key tiles [lo, hi) against one query tile. MASKED=False is the hot loop: every score is valid,
+    so there is no mask to build and no row can still have max -inf."""
+    dmask = dims < HEAD_DIM
+    for start in tl.range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        in_k = cols < Nk
+        kt = _load_tile(k_base + cols[None, :] * skn + dims[:, None], in_k[None, :], dmask[:, None],
+                        MASKED, PAD_D)  # K^T tile, (BLOCK_D, BLOCK_N)
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        if MASKED:
+            valid = in_k[None, :]
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None] + offset)
+            s = tl.where(valid, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+            p = tl.exp2(s - m_shift[:, None])
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+            m_shift = m_new
+            p = tl.exp2(s * qk_scale - m_shift[:, None])  # scale and shift in one FMA
+        alpha = tl.exp2(m - m_shift)  # exp2(-inf) = 0: nothing to rescale yet
+        l = l * alpha + tl.sum(p, axis=1)
+        vt = _load_tile(v_base + cols[:, None] * svn + dims[None, :], in_k[:, None], dmask[None, :],
+                        MASKED, PAD_D)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(vt.dtype), vt, acc)  # accumulate in place: the MMA adds into acc
+        m = m_new
+    return acc, l, m
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+                CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
     pid_m = tl.program_id(0)
+    if CAUSAL:  # the last query tiles have the most keys: start them first so no SM idles at the end
+        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     hk = h // GROUP  # GQA: the shared K/V head
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    dmask = dims < HEAD_DIM
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :],
-                mask=(rows[:, None] < Nq) & dmask[None, :], other=0.0)
+                mask=(rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM), other=0.0)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq  # bottom-right alignment
+    # Key tiles [0, full) are valid for every row of this query tile; [full, hi) need masks
+    # (the causal diagonal, and the ragged last tile when Nk is not a multiple of BLOCK_N).
+    full = (Nk // BLOCK_N) * BLOCK_N
     hi = Nk
     if CAUSAL:
         hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
+        first_row_sees = tl.maximum(pid_m * BLOCK_M + offset + 1, 0)  # keys the tile's first row sees
+        full = tl.minimum(full, (first_row_sees // BLOCK_N) * BLOCK_N)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
-    for start in tl.range(0, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        kt = tl.load(k_base + cols[None, :] * skn + dims[:, None], mask=(cols[None, :] < Nk) & dmask[:, None], other=0.0)
-        if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee") * qk_scale
-        else:
-            s = tl.dot(q, kt) * qk_scale
-        valid = cols[None, :] < Nk
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None] + offset)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)  # exp2(-inf) = 0 for rows that had seen nothing
-        p = tl.exp2(s - m_safe[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        vt = tl.load(v_base + cols[:, None] * svn + dims[None, :], mask=(cols[:, None] < Nk) & dmask[None, :], other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m = m_new
+    acc, l, m = _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, 0, full, Nk, offset, skn, svn, qk_scale,
+                           HEAD_DIM, BLOCK_N, False, CAUSAL, PAD_D, IEEE)
+    acc, l, m = _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, full, hi, Nk, offset, skn, svn, qk_scale,
+                           HEAD_DIM, BLOCK_N, True, CAUSAL, PAD_D, IEEE)
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     tl.store(O + b * sob + h * soh + rows[:, None] * son + dims[None, :], o.to(O.dtype.element_ty),
-             mask=(rows[:, None] < Nq) & dmask[None, :])
+             mask=(rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM))
     # natural-log LSE: m is in log2 units
     lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
 def _blocks(D: int, dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the head dim; small tiles in the interpreter."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward; small tiles in the interpreter."""
     if INTERPRETED:
         return 16, 16, 1, 1
     if D <= 64:
@@ -121,18 +167,22 @@ def _blocks(D: int, dtype) -> tuple[int, int, int, int]:
     return 64, 32, 8, 1
 
 
-def _forward(q, k, v, causal: bool, scale: float):
+def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None):
+    """Launch the forward kernel; ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides
+    the tuned table (benchmarks/flash_attention_tune.py sweeps it)."""
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    bm, bn, warps, stages = _blocks(D, q.dtype)
+    bm, bn, warps, stages = config or _blocks(D, q.dtype)
+    block_d = max(16, triton.next_power_of_2(D))
     grid = (triton.cdiv(Nq, bm), B * Hq)
-    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
+    global last_forward_kernel
+    last_forward_kernel = _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
                       *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                      HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_M=bm, BLOCK_N=bn,
-                      CAUSAL=causal, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+                      HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+                      PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
     return o, lse
 
 

@@ -31,7 +31,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @triton.jit
 def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, split_len,
                          sqb, sqh, skb, sks, skh, svb, svs, svh, stb, max_blocks, num_splits,
-                         Hq, GROUP, BLOCK_SIZE, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         Hq, GROUP, BLOCK_SIZE, num_blocks, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                          GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -51,7 +51,10 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, 
     for t0 in tl.range(start, end, TILE):
         pos = t0 + tl.arange(0, TILE)
         pmask = pos < end
-        phys = tl.load(TABLE + b * stb + pos // BLOCK_SIZE, mask=pmask, other=0)  # padding is never read
+        blk = pos // BLOCK_SIZE
+        phys = tl.load(TABLE + b * stb + blk, mask=pmask & (blk < max_blocks), other=-1)  # padding is never read
+        # an entry outside the pool is never dereferenced, even when the host check was skipped
+        pmask = pmask & (phys >= 0) & (phys < num_blocks)
         slot = pos % BLOCK_SIZE
         kmask = pmask[:, None] & dmask[None, :]
         k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kmask, other=0.0)
@@ -77,6 +80,23 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, 
     tl.store(O_OUT + row[:, None] * BLOCK_D + dims[None, :], acc, mask=gmask[:, None])
 
 
+@triton.jit
+def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         SPLITS_PAD: tl.constexpr):
+    """One program per (sequence, query head): o = sum_s 2^(m_s - m*) o_s / sum_s 2^(m_s - m*) l_s."""
+    row = tl.program_id(0)
+    sp = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, BLOCK_D)
+    smask = sp < num_splits
+    m = tl.load(M + row * num_splits + sp, mask=smask, other=float("-inf"))
+    l = tl.load(L + row * num_splits + sp, mask=smask, other=0.0)
+    o = tl.load(O + (row * num_splits + sp)[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0)
+    m_star = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_star))  # empty splits weigh nothing
+    out = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(OUT + row * HEAD_DIM + dims, out.to(OUT.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
     """Enough programs to cover the SMs about twice, never slices shorter than 256 tokens."""
     if INTERPRETED:
@@ -86,8 +106,28 @@ def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
-                    num_splits: int | None = None) -> torch.Tensor:
-    B, Hq, Hkv, D, block_size, _ = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+                    validate: bool = True, num_splits: int | None = None) -> torch.Tensor:
+    """Decode attention over a paged cache; same signature as the NumPy reference (plus ``num_splits``).
+
+    ``validate=True`` checks every table entry that will be read against the pool on the host, which
+    copies block_table and seq_lens off the GPU (a sync per call). A caller that builds its own tables
+    (the batching engine, the benchmark) passes ``validate=False``; the kernel then still masks any
+    entry outside the pool, so it never reads out of bounds, but a bad table gives wrong numbers
+    instead of an error.
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seq_lens", seq_lens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if validate:
+        B, Hq, Hkv, D, block_size, num_blocks = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
+    else:  # shapes and dtypes only: nothing here reads GPU memory
+        (B, Hq, D), (num_blocks, block_size, Hkv, _) = q.shape, k_cache.shape
+        if (k_cache.shape != v_cache.shape or k_cache.shape[3] != D or Hq % Hkv
+                or block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32
+                or tuple(block_table.shape[:1]) != (B,) or tuple(seq_lens.shape) != (B,)
+                or not (q.dtype == k_cache.dtype == v_cache.dtype)):
+            check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)  # raises the precise error
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
     if len({t.device for t in (q, k_cache, v_cache, block_table, seq_lens)}) != 1:
@@ -103,10 +143,13 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     group = Hq // Hkv
-    max_len = int(seq_lens.max())
+    # Size the splits from what the block table can hold, not from seq_lens.max(): reading that
+    # would stall the host on the GPU every call. Splits past a sequence's end do no work.
+    max_len = block_table.shape[1] * block_size
     splits = num_splits or default_splits(B, Hkv, max_len, q.device)
     tile = max(16, min(64, triton.next_power_of_2(block_size)))
     split_len = triton.cdiv(triton.cdiv(max_len, splits), tile) * tile
+    splits = triton.cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
     block_d = max(16, triton.next_power_of_2(D))
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
@@ -115,11 +158,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     _paged_decode_kernel[(B, Hkv, splits)](
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, scale * 1.4426950408889634, split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
-        block_table.shape[1], splits, Hq, group, block_size,
+        block_table.shape[1], splits, Hq, group, block_size, num_blocks,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, triton.next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, num_warps=1 if INTERPRETED else 4)
-    # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel)
-    m_star = m.max(dim=-1, keepdim=True).values
-    w = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp2(m - m_star))
-    out = (o[..., :D] * w[..., None]).sum(2) / (l * w).sum(-1, keepdim=True)
-    return out.to(out_dtype)
+    # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
+    out = torch.empty((B, Hq, D), device=q.device, dtype=out_dtype)
+    _merge_splits_kernel[(B * Hq,)](m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,
+                                    SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
+                                    num_warps=1 if INTERPRETED else 4)
+    return out
