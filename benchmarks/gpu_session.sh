@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark of chapters 4-7, in two device commands (each under the tool's 10 minutes):
+# Every GPU check and benchmark of chapters 5-7, in three device commands (each under the tool's 10 minutes):
 #   Here, once:  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                  --platform manylinux_2_28_x86_64 -d .whl numpy==2.3.5      (.whl is git-ignored; carry it)
 #   Then:        run(command="bash benchmarks/gpu_session.sh validate", carry=[".whl"])
-#                run(command="bash benchmarks/gpu_session.sh bench")
+#                run(command="bash benchmarks/gpu_session.sh flash")
+#                run(command="bash benchmarks/gpu_session.sh paged")
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -11,31 +12,33 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
-if [ "${1:-validate}" = validate ]; then
-  # leg 2: Triton interpreter (CPU tensors) vs compiled Triton (GPU), same inputs
+PROVIDERS="minillm sdpa_flash sdpa_cudnn sdpa_efficient"
+case "${1:-validate}" in
+validate)  # leg 2 (interpreter vs compiled), the tile sweep, leg 3 (compiled kernels vs references)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy-*.whl >/dev/null 2>&1
   CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 PYTHONPATH=/tmp/np:. timeout 90 \
     python3 benchmarks/check_interpreter_vs_compiled.py dump /tmp/interp.npz
   timeout 60 python3 benchmarks/check_interpreter_vs_compiled.py compare /tmp/interp.npz > "$OUT/interp_vs_compiled.txt" 2>&1
   tail -1 "$OUT/interp_vs_compiled.txt"
-  # forward tile configs: speed, correctness and the compiler's resource report
   timeout 150 python3 benchmarks/flash_attention_tune.py --out "$OUT/flash_attention_tune_h200.json" \
     > "$OUT/flash_attention_tune_h200.txt" 2>&1
   tail -4 "$OUT/flash_attention_tune_h200.txt"
-  timeout 100 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
+  timeout 300 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
+    tests/test_kernels_softmax.py tests/test_kernels_flash_attention.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
+  tail -3 "$OUT/kernel_tests.txt" ;;
+flash)  # each script rewrites its JSON after every row, so a cut-short run keeps what it measured
+  J="$OUT/flash_attention_h200.json"; T="$OUT/flash_attention_h200.txt"
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$T" 2>&1
+  timeout 180 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory --append \
+    --out "$J" >> "$T" 2>&1
+  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd --providers flex --no-memory --append --out "$J" >> "$T" 2>&1
+  timeout 70 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers flex --seq-lens 4096 --no-memory \
+    --append --out "$J" >> "$T" 2>&1
+  grep -c . "$T"; tail -3 "$T" ;;
+paged)  # the paged decode benchmark, then the compiled kernel tests again (they re-check any retuned config)
+  timeout 200 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
   tail -3 "$OUT/paged_attention_h200.txt"
-  # leg 3: compiled kernels against the references, incl. the bf16 tolerance rule (gpu marker)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_kernels_paged_attention.py \
-    tests/test_paged_cache.py tests/test_kernels_softmax.py tests/test_kernels_flash_attention.py \
-    tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
-  tail -12 "$OUT/kernel_tests.txt"
-else
-  # benchmarks (each rewrites its JSON after every row, so a cut-short run keeps what it measured)
-  J="$OUT/flash_attention_h200.json"
-  timeout 300 python3 benchmarks/flash_attention_bench.py --modes fwd --out "$J" > "$OUT/flash_attention_h200.txt" 2>&1
-  timeout 200 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --no-memory --append \
-    --bwd-providers minillm sdpa_flash sdpa_cudnn sdpa_efficient --out "$J" >> "$OUT/flash_attention_h200.txt" 2>&1
-  timeout 80 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --no-memory --append --seq-lens 4096 \
-    --providers flex --out "$J" >> "$OUT/flash_attention_h200.txt" 2>&1
-  tail -5 "$OUT/flash_attention_h200.txt"
-fi
+  timeout 360 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
+    tests/test_kernels_flash_attention.py tests/test_kernels_softmax.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
+  tail -3 "$OUT/kernel_tests.txt" ;;
+esac

@@ -115,3 +115,16 @@ def test_paged_attention_kernel_gpu_tolerance_rule(dtype, rng):
             o = torch.nn.functional.scaled_dot_product_attention(qb, k, v, enable_gqa=True)
         err_math = max(err_math, float(np.abs(o[0, :, 0].double().cpu().numpy() - want[b]).max()))
     assert err_kernel <= 2 * err_math + 1e-3, (err_kernel, err_math)
+
+
+@pytest.mark.parametrize("tile,block_size", [(64, 16), (32, 8), (16, 128), (128, 16)])
+def test_paged_attention_kernel_tile_spans_blocks(tile, block_size, rng):
+    """A loop step may cover several small blocks (read through the table token by token) or part of a big one."""
+    arrays = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=block_size, lens=(3, 70, 200), num_blocks=40)
+    got = paged_attention(*to_torch(arrays, torch.float32), tile=tile, num_splits=2).cpu().numpy()
+    np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
+
+
+def test_paged_attention_kernel_rejects_bad_tile(rng):
+    with pytest.raises(ValueError, match="tile"):
+        paged_attention(*to_torch(random_paged(rng), torch.float32), tile=48)

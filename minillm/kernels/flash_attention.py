@@ -123,7 +123,7 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     if CAUSAL:  # the last query tiles have the most keys: start them first so no SM idles at the end
         pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
     h = bh % H
     hk = h // GROUP  # GQA: the shared K/V head
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -157,13 +157,20 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 
 
 def _blocks(D: int, dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward; small tiles in the interpreter."""
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward; small tiles in the interpreter.
+
+    The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, N=4096,
+    results/flash_attention_tune_h200.json); fp32 tiles are twice the bytes, so they keep smaller
+    pipelines that fit in shared memory.
+    """
     if INTERPRETED:
         return 16, 16, 1, 1
+    if dtype == torch.float32:
+        return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 1) if D <= 128 else (64, 32, 8, 1)
     if D <= 64:
-        return 128, 64, 4, 3
+        return 64, 64, 4, 3
     if D <= 128:
-        return 128, 64, 8, 3 if dtype != torch.float32 else 1
+        return 128, 128, 8, 3
     return 64, 32, 8, 1
 
 
@@ -191,7 +198,7 @@ def _bwd_preprocess(O, DO, DELTA, Nq, H, sob, soh, son, sdb, sdh, sdn,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
     h = bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -209,7 +216,7 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, sm_scale, Nq, Nk, H, GROUP
     # One program per (key tile, batch x query head); dK/dV are per query head, summed over the group outside.
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
     h = bh % H
     hk = h // GROUP
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -263,7 +270,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, Nq, Nk, H, GROUP,
                    CAUSAL: tl.constexpr, IEEE: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
+    b = (bh // H).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
     h = bh % H
     hk = h // GROUP
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -55,6 +55,7 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, 
         phys = tl.load(TABLE + b * stb + blk, mask=pmask & (blk < max_blocks), other=-1)  # padding is never read
         # an entry outside the pool is never dereferenced, even when the host check was skipped
         pmask = pmask & (phys >= 0) & (phys < num_blocks)
+        phys = phys.to(tl.int64)  # block * stride passes 2^31 in pools over 4 GiB
         slot = pos % BLOCK_SIZE
         kmask = pmask[:, None] & dmask[None, :]
         k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kmask, other=0.0)
@@ -98,16 +99,20 @@ def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK
 
 
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
-    """Enough programs to cover the SMs about twice, never slices shorter than 256 tokens."""
+    """About 8 programs per SM (enough loads in flight to saturate HBM), never slices under 256 tokens.
+
+    From the split sweep in benchmarks/results/paged_attention_h200.json (rows marked ``sweep``).
+    """
     if INTERPRETED:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(math.ceil(2 * sms / (batch * hkv)), math.ceil(max_len / 256), 64))
+    return max(1, min(math.ceil(8 * sms / (batch * hkv)), math.ceil(max_len / 256), 128))
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
-                    validate: bool = True, num_splits: int | None = None) -> torch.Tensor:
-    """Decode attention over a paged cache; same signature as the NumPy reference (plus ``num_splits``).
+                    validate: bool = True, num_splits: int | None = None, tile: int | None = None) -> torch.Tensor:
+    """Decode attention over a paged cache; same signature as the NumPy reference, plus two tuning
+    knobs: ``num_splits`` (programs per sequence and KV head) and ``tile`` (tokens per loop step).
 
     ``validate=True`` checks every table entry that will be read against the pool on the host, which
     copies block_table and seq_lens off the GPU (a sync per call). A caller that builds its own tables
@@ -147,7 +152,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     # would stall the host on the GPU every call. Splits past a sequence's end do no work.
     max_len = block_table.shape[1] * block_size
     splits = num_splits or default_splits(B, Hkv, max_len, q.device)
-    tile = max(16, min(64, triton.next_power_of_2(block_size)))
+    # the tile is independent of the block size (a tile may span several blocks): 16-token steps
+    # for 16-token blocks left half the bandwidth unused on the H200
+    tile = tile or (16 if INTERPRETED else 64)
+    if tile < 16 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two >= 16, got {tile}")
     split_len = triton.cdiv(triton.cdiv(max_len, splits), tile) * tile
     splits = triton.cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
     block_d = max(16, triton.next_power_of_2(D))
