@@ -28,17 +28,17 @@ validate)  # leg 2 (interpreter vs compiled), the tile sweep, leg 3 (compiled ke
   tail -3 "$OUT/kernel_tests.txt" ;;
 flash)  # each script rewrites its JSON after every row, so a cut-short run keeps what it measured
   J="$OUT/flash_attention_h200.json"; T="$OUT/flash_attention_h200.txt"
-  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$T" 2>&1
-  timeout 180 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory --append \
+  timeout 95 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$T" 2>&1
+  timeout 160 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory --append \
     --out "$J" >> "$T" 2>&1
-  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd --providers flex --no-memory --append --out "$J" >> "$T" 2>&1
-  timeout 70 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers flex --seq-lens 4096 --no-memory \
+  timeout 125 python3 benchmarks/flash_attention_bench.py --modes fwd --providers flex --no-memory --append --out "$J" >> "$T" 2>&1
+  timeout 60 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers flex --seq-lens 4096 --no-memory \
     --append --out "$J" >> "$T" 2>&1
   grep -c . "$T"; tail -3 "$T" ;;
 paged)  # the paged decode benchmark, then the compiled kernel tests again (they re-check any retuned config)
-  timeout 200 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
+  timeout 150 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
   tail -3 "$OUT/paged_attention_h200.txt"
-  timeout 360 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
+  timeout 240 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
     tests/test_kernels_flash_attention.py tests/test_kernels_softmax.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
   tail -3 "$OUT/kernel_tests.txt" ;;
 esac

@@ -156,14 +156,14 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
-def _blocks(D: int, dtype) -> tuple[int, int, int, int]:
+def _blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward; small tiles in the interpreter.
 
     The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, N=4096,
     results/flash_attention_tune_h200.json); fp32 tiles are twice the bytes, so they keep smaller
     pipelines that fit in shared memory.
     """
-    if INTERPRETED:
+    if interpreted:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 1) if D <= 128 else (64, 32, 8, 1)
