@@ -9,7 +9,6 @@ useful FLOPs (4*B*H*N^2*D for the forward, halved when causal; the backward is 2
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402  (first: it decides interpreter vs compiled)
 
 import triton  # noqa: E402
-import triton.testing  # noqa: E402
+from _common import median_ms, run_meta  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -84,14 +83,14 @@ def peak_memory_rows(args):
 
 def time_ms(fn, mode, q, k, v):
     if mode == "fwd":
-        return triton.testing.do_bench(fn, warmup=25, rep=100)
+        return median_ms(fn, warmup=25, rep=100)
     out = fn()
     do = torch.randn_like(out)
 
     def fwd_bwd():
         q.grad = k.grad = v.grad = None
         fn().backward(do)
-    return triton.testing.do_bench(fwd_bwd, warmup=10, rep=100)
+    return median_ms(fwd_bwd, warmup=10, rep=100)
 
 
 def main(argv=None):
@@ -114,11 +113,9 @@ def main(argv=None):
     if args.append and args.out and Path(args.out).exists():
         earlier = json.load(open(args.out))
         rows = earlier["rows"]
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
-            "command": "python " + " ".join(sys.argv), "dtype": "bfloat16", "batch": args.batch, "heads": args.heads,
-            "timing": "triton.testing.do_bench (median ms)",
-            "flops": "fwd 4*B*H*N^2*D (x0.5 causal); fwd+bwd 3.5x fwd"}
+    meta = run_meta(dtype="bfloat16", batch=args.batch, heads=args.heads,
+                    timing="triton.testing.do_bench, return_mode=median (ms)",
+                    flops="fwd 4*B*H*N^2*D (x0.5 causal); fwd+bwd 3.5x fwd")
     if earlier:  # one file, several invocations: keep every command that wrote rows into it
         meta["command"] = earlier["meta"]["command"] + " && " + meta["command"]
     print(f"{'op':8s} {'D':>4s} {'N':>6s} {'causal':>6s} {'provider':15s} {'ms':>9s} {'TFLOP/s':>8s}")

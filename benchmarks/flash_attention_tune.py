@@ -10,7 +10,6 @@ Registers, spills and shared memory come from the compiled kernel, as the compil
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -21,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
+from _common import median_ms, run_meta  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -43,9 +41,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("flash_attention_tune.py needs a CUDA GPU")
     B, H, N = 4, 32, args.seq_len
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
-            "command": "python " + " ".join(sys.argv), "dtype": "bfloat16", "B": B, "H": H, "N": N}
+    meta = run_meta(dtype="bfloat16", B=B, H=H, N=N, timing="triton.testing.do_bench, return_mode=median")
     rows = []
     print(f"{'D':>4s} {'causal':>6s} {'BM':>4s} {'BN':>4s} {'warps':>5s} {'stages':>6s} {'TFLOP/s':>8s} "
           f"{'regs':>5s} {'spills':>6s} {'smem KiB':>8s}  check")
@@ -64,7 +60,7 @@ def main(argv=None):
                                regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
                                shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
                     row["ok"] = row["max_abs_diff_vs_cudnn"] < 2e-2
-                    ms = triton.testing.do_bench(lambda: fa._forward(q, k, v, causal, d ** -0.5, config=cfg))
+                    ms = median_ms(lambda: fa._forward(q, k, v, causal, d ** -0.5, config=cfg))
                     row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
                 except Exception as e:  # e.g. out of shared memory for this tile shape: record, go on
                     row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")

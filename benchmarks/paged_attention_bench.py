@@ -10,7 +10,6 @@ second (2 * B * L * Hkv * D * 2 bytes per call), in TB/s. The SDPA providers run
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -21,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels.paged_attention import paged_attention  # noqa: E402  (first: interpreter vs compiled)
 
-import triton  # noqa: E402
-import triton.testing  # noqa: E402
+from _common import median_ms, median_ms_cudagraph, run_meta  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -34,10 +32,10 @@ def bench_ms(fn):
     small batch runs for microseconds, less than Python takes to launch it, so plain timing would
     measure the host. Falls back to do_bench (marked in the row) if the call cannot be captured."""
     try:
-        return triton.testing.do_bench_cudagraph(fn), "cudagraph"
+        return median_ms_cudagraph(fn), "cudagraph"
     except Exception:
         torch.cuda.synchronize()
-        return triton.testing.do_bench(fn), "do_bench"
+        return median_ms(fn), "do_bench"
 
 
 def main(argv=None):
@@ -55,11 +53,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("paged_attention_bench.py needs a CUDA GPU")
     hq, hkv, d = 32, 8, 128
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(),
-            "command": "python " + " ".join(sys.argv), "dtype": "bfloat16", "Hq": hq, "Hkv": hkv, "D": d,
-            "tbps": "bytes of K and V read per call / time, TB/s",
-            "timing": "triton.testing.do_bench_cudagraph (median of CUDA-graph replays; per-row 'timing' says if not)"}
+    meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, tbps="bytes of K and V read per call / time, TB/s",
+                    timing="triton.testing.do_bench_cudagraph, median of CUDA-graph replays (per-row 'timing' says if not)")
     rows = []
     print(f"{'B':>4s} {'L':>7s} {'block':>5s} {'provider':12s} {'ms':>8s} {'TB/s':>6s}")
     for B in args.batches:

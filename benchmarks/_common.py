@@ -1,0 +1,26 @@
+"""What every benchmark script records and how it times: one place, so the results files agree."""
+from __future__ import annotations
+
+import datetime
+import sys
+
+import torch
+import triton
+import triton.testing
+
+
+def run_meta(**extra) -> dict:
+    """The ``meta`` block of a results file: GPU, versions, date, the command line, and extras."""
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "command": "python " + " ".join(sys.argv), **extra}
+
+
+def median_ms(fn, **kwargs) -> float:
+    """Median milliseconds per call (do_bench's default is the mean, which one slow outlier moves)."""
+    return triton.testing.do_bench(fn, return_mode="median", **kwargs)
+
+
+def median_ms_cudagraph(fn) -> float:
+    """Median milliseconds per call, replayed from a CUDA graph (no host launch cost in the time)."""
+    return triton.testing.do_bench_cudagraph(fn, return_mode="median")
