@@ -3,8 +3,8 @@
 #   Here, once:  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                  --platform manylinux_2_28_x86_64 -d .whl numpy==2.3.5      (.whl is git-ignored; carry it)
 #   Then:        run(command="bash benchmarks/gpu_session.sh validate", carry=[".whl"])
-#                run(command="bash benchmarks/gpu_session.sh flash")
-#                run(command="bash benchmarks/gpu_session.sh paged")
+#                run(command="bash benchmarks/gpu_session.sh bench")
+#                run(command="bash benchmarks/gpu_session.sh tests")
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -26,19 +26,21 @@ validate)  # leg 2 (interpreter vs compiled), the tile sweep, leg 3 (compiled ke
   timeout 300 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
     tests/test_kernels_softmax.py tests/test_kernels_flash_attention.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
   tail -3 "$OUT/kernel_tests.txt" ;;
-flash)  # each script rewrites its JSON after every row, so a cut-short run keeps what it measured
+bench)  # each script rewrites its JSON after every row, so a cut-short run keeps what it measured
+  timeout 140 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
+  tail -2 "$OUT/paged_attention_h200.txt"
   J="$OUT/flash_attention_h200.json"; T="$OUT/flash_attention_h200.txt"
-  timeout 95 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$T" 2>&1
-  timeout 160 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory --append \
+  timeout 90 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$T" 2>&1
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory --append \
     --out "$J" >> "$T" 2>&1
-  timeout 125 python3 benchmarks/flash_attention_bench.py --modes fwd --providers flex --no-memory --append --out "$J" >> "$T" 2>&1
+  # flex_attention compiles once per shape (seconds each), so it gets a subset of the grid
+  timeout 80 python3 benchmarks/flash_attention_bench.py --modes fwd --providers flex --seq-lens 1024 4096 16384 \
+    --no-memory --append --out "$J" >> "$T" 2>&1
   timeout 60 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers flex --seq-lens 4096 --no-memory \
     --append --out "$J" >> "$T" 2>&1
   grep -c . "$T"; tail -3 "$T" ;;
-paged)  # the paged decode benchmark, then the compiled kernel tests again (they re-check any retuned config)
-  timeout 150 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
-  tail -3 "$OUT/paged_attention_h200.txt"
-  timeout 240 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
+tests)  # leg 3 again after retuning: the compiled kernels against the references (gpu-marked tests included)
+  timeout 420 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
     tests/test_kernels_flash_attention.py tests/test_kernels_softmax.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
   tail -3 "$OUT/kernel_tests.txt" ;;
 esac
