@@ -99,17 +99,17 @@ def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK
 
 
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
-    """About 4 programs per SM, never a slice shorter than one 64-token tile, at most 128 splits.
+    """As many splits as fit in one wave of ~4 programs per SM, never a slice under one 64-token tile.
 
-    From the split sweep on the H200 (benchmarks/results/paged_attention_h200.json, rows marked
+    From the split sweeps on the H200 (benchmarks/results/paged_attention_h200.json, rows marked
     ``sweep``): at batch 1 the time falls until ~64 splits fill the SMs; at batch 16 (128 programs
-    without splitting) 4 splits beat 8 and more, because each extra split costs a partial write
-    and a merge while the SMs are already busy.
+    unsplit) 4 splits (512 programs, one wave) beat both 5 and 9, which spill into a second,
+    mostly idle wave. Rounding down keeps the grid inside the first wave.
     """
     if INTERPRETED:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(math.ceil(4 * sms / (batch * hkv)), math.ceil(max_len / 64), 128))
+    return max(1, min((4 * sms) // (batch * hkv), math.ceil(max_len / 64), 128))
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
