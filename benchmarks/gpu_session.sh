@@ -42,6 +42,9 @@ bench)  # each script rewrites its JSON after every row, so a cut-short run keep
 paged)  # the paged decode benchmark alone (after retuning its defaults)
   timeout 140 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" > "$OUT/paged_attention_h200.txt" 2>&1
   tail -2 "$OUT/paged_attention_h200.txt" ;;
+overhead)  # host cost vs kernel time of short calls
+  timeout 120 python3 benchmarks/launch_overhead.py --out "$OUT/launch_overhead_h200.json" > "$OUT/launch_overhead_h200.txt" 2>&1
+  cat "$OUT/launch_overhead_h200.txt" ;;
 tests)  # leg 3 again after retuning: the compiled kernels against the references (gpu-marked tests included)
   timeout 420 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
     tests/test_kernels_flash_attention.py tests/test_kernels_softmax.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
