@@ -19,8 +19,12 @@ import numpy as np
 from .softmax import safe_softmax
 
 
-def check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens) -> tuple[int, ...]:
-    """Validate shapes, dtypes and every table entry that will be read; return (B, Hq, Hkv, D, bs, nb)."""
+def check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, check_table: bool = True) -> tuple[int, ...]:
+    """Validate shapes, dtypes and every table entry that will be read; return (B, Hq, Hkv, D, bs, nb).
+
+    ``check_table=False`` stops after the shapes and dtypes, before reading the table's contents
+    (for GPU tensors that read is a copy to the host and a sync).
+    """
     shapes = {n: tuple(x.shape) for n, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                                                 ("block_table", block_table), ("seq_lens", seq_lens))}
     if len(shapes["q"]) != 3:
@@ -43,6 +47,8 @@ def check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens) -> tuple[int,
             raise ValueError(f"{name} must be int32, got {x.dtype}")
     if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
         raise ValueError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if not check_table:
+        return B, Hq, Hkv, D, block_size, num_blocks
     lens = np.asarray(seq_lens.cpu() if hasattr(seq_lens, "cpu") else seq_lens).astype(np.int64)
     table = np.asarray(block_table.cpu() if hasattr(block_table, "cpu") else block_table).astype(np.int64)
     max_blocks = table.shape[1]
@@ -75,10 +81,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     ``validate=False`` skips the table check (the Triton kernel's way to avoid a host sync per call);
     here a bad table then fails in NumPy indexing or reads the wrong block.
     """
-    if validate:
-        B, Hq, Hkv, D, _, _ = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
-    else:
-        (B, Hq, D), Hkv = q.shape, k_cache.shape[2]
+    B, Hq, Hkv, D, _, _ = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, check_table=validate)
     scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
     ct = np.result_type(np.float32, q.dtype)
     group = Hq // Hkv

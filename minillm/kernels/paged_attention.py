@@ -127,15 +127,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
                     ("seq_lens", seq_lens)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if validate:
-        B, Hq, Hkv, D, block_size, num_blocks = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)
-    else:  # shapes and dtypes only: nothing here reads GPU memory
-        (B, Hq, D), (num_blocks, block_size, Hkv, _) = q.shape, k_cache.shape
-        if (k_cache.shape != v_cache.shape or k_cache.shape[3] != D or Hq % Hkv
-                or block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32
-                or tuple(block_table.shape[:1]) != (B,) or tuple(seq_lens.shape) != (B,)
-                or not (q.dtype == k_cache.dtype == v_cache.dtype)):
-            check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens)  # raises the precise error
+    B, Hq, Hkv, D, block_size, num_blocks = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens,
+                                                               check_table=validate)
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
     if len({t.device for t in (q, k_cache, v_cache, block_table, seq_lens)}) != 1:
