@@ -38,6 +38,14 @@ def bench_ms(fn):
         return median_ms(fn), "do_bench"
 
 
+def to_pages(t, table, bs):
+    """A (B, Hkv, L, D) cache written into pool blocks (num_blocks, bs, Hkv, D) at the table's slots."""
+    B, hkv, L, d = t.shape
+    pool = torch.empty(B * (L // bs), bs, hkv, d, device=t.device, dtype=t.dtype)
+    pool[table.long().flatten()] = t.view(B, hkv, L // bs, bs, d).permute(0, 2, 3, 1, 4).reshape(-1, bs, hkv, d)
+    return pool
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -72,10 +80,7 @@ def main(argv=None):
                 nb = L // bs
                 perm = torch.randperm(B * nb, device="cuda").to(torch.int32)  # scattered physical blocks
                 table = perm.view(B, nb)
-                kc = torch.empty(B * nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
-                vc = torch.empty_like(kc)
-                kc[table.long().flatten()] = k.view(B, hkv, nb, bs, d).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, hkv, d)
-                vc[table.long().flatten()] = v.view(B, hkv, nb, bs, d).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, hkv, d)
+                kc, vc = (to_pages(t, table, bs) for t in (k, v))
                 lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
                 # checked once (validate=True reads the table back), then timed without the host check
                 got = paged_attention(q, kc, vc, table, lens).float()
