@@ -317,7 +317,6 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     group = Hq // Hkv
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     block_d = max(16, triton.next_power_of_2(D))
-    bm, bn, warps, _ = _blocks(D, q.dtype)
     bm, bn = (16, 16) if INTERPRETED else (64, 64) if D <= 128 else (32, 32)
     ieee = q.dtype == torch.float32
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
