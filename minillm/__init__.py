@@ -5,9 +5,10 @@ the training script (``minillm.train``) and the Triton kernels import torch and
 triton themselves, only when you import them.
 """
 from .attention import standard_attention
-from .decode import DecodeResult, TemperatureSampler, greedy, naive_decode
-from .kvcache import CacheFull, ConcatKVCache, KVCache, cached_decode, decode_step, prefill
+from .decode import DecodeResult, cached_decode, decode_step, naive_decode, prefill
+from .kvcache import CacheFull, ConcatKVCache, KVCache
 from .model import Model, ModelConfig, StepOps, load_model
+from .sampling import TemperatureSampler, greedy
 from .tokenizer import ByteTokenizer
 
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Chapter 1: naive decoding, samplers, and the per-step record every decoder returns.
+"""Chapters 1-2: the decode loops -- naive, and with a KV cache -- and the per-step record they return.
 
 ``naive_decode`` is the decoder with no memory: at every step it runs the full
 forward pass over the whole sequence so far and keeps only the last row of the
@@ -14,34 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .model import StepOps, check_token_ids
-
-
-def greedy(logits: np.ndarray) -> int:
-    """Pick the most likely token (ties go to the lowest id)."""
-    return int(np.argmax(logits))
-
-
-class TemperatureSampler:
-    """Sample from softmax(logits / temperature), optionally restricted to the top-k ids.
-
-    Carries its own seeded generator so a run is reproducible.
-    """
-
-    def __init__(self, temperature: float = 1.0, top_k: int | None = None, seed: int = 0):
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use greedy for argmax), got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
-        self.temperature, self.top_k = float(temperature), top_k
-        self.rng = np.random.default_rng(seed)
-
-    def __call__(self, logits: np.ndarray) -> int:
-        z = np.asarray(logits, np.float64) / self.temperature
-        if self.top_k is not None and self.top_k < z.size:
-            cutoff = np.partition(z, -self.top_k)[-self.top_k]
-            z = np.where(z >= cutoff, z, -np.inf)
-        p = np.exp(z - z.max())
-        return int(self.rng.choice(z.size, p=p / p.sum()))
+from .sampling import greedy
 
 
 @dataclass
@@ -99,4 +72,35 @@ def naive_decode(model, prompt_ids, n_new: int, sampler=greedy) -> DecodeResult:
         logits = model.forward(np.asarray(tokens), ops=ops)  # (N, V): every row recomputed
         nxt = int(sampler(logits[-1]))                        # ...and only the last one used
         result.record(nxt, logits[-1], ops, time.perf_counter() - t0)
+    return result
+
+
+def prefill(model, prompt_ids, cache, ops: StepOps | None = None) -> np.ndarray:
+    """Phase 1: one parallel pass over the whole prompt; fills the cache; returns last-position logits."""
+    logits = model.forward(np.asarray(prompt_ids)[None], cache=cache, ops=ops)
+    return logits[0, -1]
+
+
+def decode_step(model, token_id: int, cache, ops: StepOps | None = None) -> np.ndarray:
+    """Phase 2: push one token through the model against the cache; returns its logits."""
+    logits = model.forward(np.asarray([[token_id]]), cache=cache, ops=ops)
+    return logits[0, -1]
+
+
+def cached_decode(model, prompt_ids, n_new: int, sampler=greedy, cache=None) -> DecodeResult:
+    """Generate ``n_new`` tokens: prefill once, then one cached decode step per token."""
+    prompt = check_decode_args(model, prompt_ids, n_new)
+    if cache is None:
+        cache = model.new_cache(batch=1, capacity=len(prompt) + n_new - 1)
+    tokens = list(prompt)
+    result = DecodeResult(tokens=tokens, prompt_len=len(prompt))
+    for step in range(n_new):
+        ops = StepOps()
+        t0 = time.perf_counter()
+        if step == 0:
+            logits = prefill(model, prompt, cache, ops)
+        else:
+            logits = decode_step(model, tokens[-1], cache, ops)
+        nxt = int(sampler(logits))
+        result.record(nxt, logits, ops, time.perf_counter() - t0)
     return result

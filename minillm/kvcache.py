@@ -10,17 +10,15 @@ vectors turns into once you need an array for the matmul): every append builds
 a new array, so step t copies t rows and a generation of N tokens copies
 O(N^2) bytes. It exists to be measured against, in the chapter.
 
-``prefill`` and ``decode_step`` are the two phases of generation, and
-``cached_decode`` has the same interface as ``naive_decode``.
+``truncate(n)`` rolls the cache back to its first ``n`` positions (speculative
+decoding drops rejected draft tokens this way). The decode loops that use these
+caches (``prefill``, ``decode_step``, ``cached_decode``) are in
+:mod:`minillm.decode`; this module imports nothing from the package.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
-from .decode import DecodeResult, check_decode_args, greedy
-from .model import ModelConfig, StepOps
 
 
 class CacheFull(RuntimeError):
@@ -29,6 +27,11 @@ class CacheFull(RuntimeError):
 
 def _nbytes(x) -> int:
     return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
+
+
+def _check_truncate(n, length: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= length:
+        raise ValueError(f"truncate needs an integer in [0, {length}] (the cached length), got {n!r}")
 
 
 class KVCache:
@@ -41,7 +44,7 @@ class KVCache:
         self.length = 0
 
     @classmethod
-    def allocate(cls, config: ModelConfig, batch: int = 1, capacity: int | None = None, dtype=np.float32):
+    def allocate(cls, config, batch: int = 1, capacity: int | None = None, dtype=np.float32):
         capacity = config.max_seq_len if capacity is None else int(capacity)
         if capacity < 1 or batch < 1:
             raise ValueError(f"capacity and batch must be >= 1, got {capacity}, {batch}")
@@ -67,6 +70,11 @@ class KVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions. Later writes overwrite the rest; nothing is copied."""
+        _check_truncate(n, self.length)
+        self.length = int(n)
 
     @property
     def nbytes(self) -> int:
@@ -99,33 +107,10 @@ class ConcatKVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
-
-def prefill(model, prompt_ids, cache, ops: StepOps | None = None) -> np.ndarray:
-    """Phase 1: one parallel pass over the whole prompt; fills the cache; returns last-position logits."""
-    logits = model.forward(np.asarray(prompt_ids)[None], cache=cache, ops=ops)
-    return logits[0, -1]
-
-
-def decode_step(model, token_id: int, cache, ops: StepOps | None = None) -> np.ndarray:
-    """Phase 2: push one token through the model against the cache; returns its logits."""
-    logits = model.forward(np.asarray([[token_id]]), cache=cache, ops=ops)
-    return logits[0, -1]
-
-
-def cached_decode(model, prompt_ids, n_new: int, sampler=greedy, cache=None) -> DecodeResult:
-    """Generate ``n_new`` tokens: prefill once, then one cached decode step per token."""
-    prompt = check_decode_args(model, prompt_ids, n_new)
-    if cache is None:
-        cache = model.new_cache(batch=1, capacity=len(prompt) + n_new - 1)
-    tokens = list(prompt)
-    result = DecodeResult(tokens=tokens, prompt_len=len(prompt))
-    for step in range(n_new):
-        ops = StepOps()
-        t0 = time.perf_counter()
-        if step == 0:
-            logits = prefill(model, prompt, cache, ops)
-        else:
-            logits = decode_step(model, tokens[-1], cache, ops)
-        nxt = int(sampler(logits))
-        result.record(nxt, logits, ops, time.perf_counter() - t0)
-    return result
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions (views; the dropped rows go with the old arrays)."""
+        _check_truncate(n, self.length)
+        for layer, arr in enumerate(self.k):
+            if arr is not None:
+                self.k[layer], self.v[layer] = arr[:, :, :n], self.v[layer][:, :, :n]
+        self.length = int(n)

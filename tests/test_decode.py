@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from minillm.decode import TemperatureSampler, greedy, naive_decode
+from minillm.decode import naive_decode
+from minillm.sampling import TemperatureSampler, greedy
 
 
 def test_naive_decode_attention_rows_are_triangular(small_model):

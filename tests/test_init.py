@@ -18,3 +18,49 @@ def test_import_minillm_needs_only_numpy():
     """)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def _package_import_graph():
+    """Edges module -> module for every relative import in the package (module-level and deferred alike)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "minillm"
+    graph = {}
+    for path in root.rglob("*.py"):
+        mod = ".".join(("minillm",) + path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                edges.add(target)
+        graph[mod] = edges
+    return graph
+
+
+def test_package_has_no_import_cycles():
+    graph = _package_import_graph()
+    assert "minillm.decode" in graph and "minillm.kvcache" in graph
+    state = {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        for n in graph.get(m, ()):
+            if n not in graph or n == m:
+                continue
+            if state.get(n) == "open":
+                raise AssertionError(" -> ".join(stack + [m, n]))
+            if n not in state:
+                visit(n, stack + [m])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
+
+
+def test_kvcache_imports_nothing_from_the_package():
+    assert _package_import_graph()["minillm.kvcache"] == set()

@@ -154,7 +154,7 @@ def test_flash_attention_gpu_tolerance_rule(dtype, causal):
 
 def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
     """The kernel plugs into the model's attn_fn; prefill and cached decoding give the same tokens."""
-    from minillm.kvcache import cached_decode
+    from minillm.decode import cached_decode
     from minillm.torch_model import TorchModel, TorchRunner
 
     runner = TorchRunner(TorchModel.from_numpy(tiny_model.config, tiny_model.params, attn_fn=flash_attention),

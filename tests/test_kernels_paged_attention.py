@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
 
 from minillm.kernels.paged_attention import paged_attention  # noqa: E402
-from minillm.paged_attention import gather_kv, paged_attention as paged_reference  # noqa: E402
+from minillm.paged.attention import gather_kv, paged_attention as paged_reference  # noqa: E402
 
 from .test_paged_attention import random_paged  # noqa: E402
 

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from minillm.decode import TemperatureSampler, naive_decode
-from minillm.kvcache import CacheFull, ConcatKVCache, KVCache, cached_decode, decode_step, prefill
+from minillm.decode import cached_decode, decode_step, naive_decode, prefill
+from minillm.sampling import TemperatureSampler
+from minillm.kvcache import CacheFull, ConcatKVCache, KVCache
+from minillm.model import load_model
 from minillm.tokenizer import ByteTokenizer
 
 from .conftest import SMALL
@@ -90,3 +92,29 @@ def test_cached_decode_rejects_bad_input(small_model, prompt):
 def test_cached_decode_rejects_prompt_longer_than_max_seq_len(small_model):
     with pytest.raises(ValueError, match="max_seq_len"):
         cached_decode(small_model, [1] * (SMALL.max_seq_len + 1), 1)
+
+
+@pytest.mark.parametrize("cache_cls", ["KVCache", "ConcatKVCache"])
+def test_truncate_rolls_back_and_decoding_continues_identically(cache_cls):
+    """Decode 6 tokens, roll back 3, re-decode: the logits equal a run that never went past the cut."""
+    model = load_model("tiny")
+    prompt = [65, 66, 67, 10]
+    cache = model.new_cache(capacity=32) if cache_cls == "KVCache" else ConcatKVCache(model.config.n_layers)
+    prefill(model, prompt, cache)
+    for t in [70, 71, 72, 73, 74, 75]:
+        decode_step(model, t, cache)
+    cache.truncate(len(prompt) + 3)
+    assert cache.length == 7
+    got = decode_step(model, 99, cache)
+    ref_cache = model.new_cache(capacity=32)
+    prefill(model, prompt + [70, 71, 72], ref_cache)
+    np.testing.assert_allclose(got, decode_step(model, 99, ref_cache), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [-1, 5, 1.5, True])
+def test_truncate_rejects_lengths_outside_the_cache(bad):
+    cache = KVCache.allocate(load_model("tiny").config, capacity=8)
+    cache.advance(4)
+    with pytest.raises(ValueError, match="truncate"):
+        cache.truncate(bad)
+    assert cache.length == 4

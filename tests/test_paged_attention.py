@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from minillm.attention import standard_attention
-from minillm.paged_attention import gather_kv, paged_attention
+from minillm.paged.attention import gather_kv, paged_attention
 
 
 def random_paged(rng, B=3, Hq=8, Hkv=2, D=16, block_size=16, lens=(1, 17, 40), num_blocks=20, dtype=np.float32):

@@ -5,7 +5,7 @@ torch = pytest.importorskip("torch")
 
 from minillm.attention import standard_attention  # noqa: E402
 from minillm.decode import naive_decode  # noqa: E402
-from minillm.kvcache import cached_decode  # noqa: E402
+from minillm.decode import cached_decode  # noqa: E402
 from minillm.torch_model import TorchModel, TorchRunner, sdpa_attention  # noqa: E402
 
 from .conftest import SMALL  # noqa: E402

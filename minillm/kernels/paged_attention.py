@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..paged_attention import check_paged_inputs
+from ..paged.attention import check_paged_inputs
 from . import INTERPRETED
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

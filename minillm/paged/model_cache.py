@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .attention import standard_attention
-from .paged_attention import paged_attention as paged_reference
-from .paging import BlockAllocator, OutOfBlocks
+from ..attention import standard_attention
+from .attention import paged_attention as paged_reference
+from .allocator import BlockAllocator, OutOfBlocks
 
 
 class PagedModelCache:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .softmax import safe_softmax
+from ..softmax import safe_softmax
 
 
 def check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, check_table: bool = True) -> tuple[int, ...]:

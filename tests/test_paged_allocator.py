@@ -1,0 +1,62 @@
+import pytest
+
+from minillm.paged.allocator import BlockAllocator, OutOfBlocks
+
+
+# -- BlockAllocator ---------------------------------------------------------------------------------------
+
+def test_block_allocator_allocates_in_order_and_reuses_freed_last():
+    a = BlockAllocator(4, block_size=8)
+    assert [a.allocate() for _ in range(3)] == [0, 1, 2]
+    a.free(1)
+    assert a.free_blocks() == [3, 1] and a.num_free == 2 and a.num_used == 2
+    assert a.allocate() == 3 and a.allocate() == 1
+
+
+def test_block_allocator_double_free_and_unknown_block_raise():
+    a = BlockAllocator(2)
+    b = a.allocate()
+    a.free(b)
+    with pytest.raises(ValueError, match="double free"):
+        a.free(b)
+    for bad in (-1, 2, 1.5, None):
+        with pytest.raises(ValueError, match="unknown block"):
+            a.free(bad)
+
+
+def test_block_allocator_refcounts_free_at_zero():
+    a = BlockAllocator(2)
+    b = a.allocate()
+    a.incref(b)
+    a.incref(b)
+    assert a.refcount(b) == 3
+    with pytest.raises(ValueError, match="3 owners"):
+        a.free(b)
+    a.decref(b)
+    a.decref(b)
+    assert a.refcount(b) == 1 and a.num_free == 1
+    a.decref(b)
+    assert a.refcount(b) == 0 and a.num_free == 2
+    with pytest.raises(ValueError, match="free"):
+        a.incref(b)
+    with pytest.raises(ValueError, match="double free"):
+        a.decref(b)
+
+
+def test_block_allocator_out_of_blocks_says_requested_and_free():
+    a = BlockAllocator(1)
+    a.allocate()
+    with pytest.raises(OutOfBlocks, match="requested 1 block, 0 free of 1") as e:
+        a.allocate()
+    assert (e.value.requested, e.value.free) == (1, 0)
+
+
+def test_block_allocator_claim_takes_a_specific_free_block():
+    a = BlockAllocator(3)
+    a.claim(1)
+    assert a.free_blocks() == [0, 2] and a.refcount(1) == 1
+    with pytest.raises(ValueError, match="in use"):
+        a.claim(1)
+
+
+# -- PagedKVCache: growth, copy-on-write, errors ---------------------------------------------------------
