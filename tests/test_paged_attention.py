@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from minillm.attention import standard_attention
-from minillm.paged.attention import gather_kv, paged_attention
+from minillm.paged.attention import gather_kv, paged_attention, paged_varlen_attention
 
 
 def random_paged(rng, B=3, Hq=8, Hkv=2, D=16, block_size=16, lens=(1, 17, 40), num_blocks=20, dtype=np.float32):
@@ -50,3 +50,59 @@ def test_paged_attention_rejects_bad_input(mutate, match, rng):
     mutate(args)
     with pytest.raises(ValueError, match=match):
         paged_attention(*args)
+
+
+# -- paged_varlen_attention: ragged prefill chunks and decodes ---------------------------------------------
+
+def _ragged_case(rng, qlens, ctx, block_size=4, hq=4, hkv=2, d=8, dtype=np.float32):
+    """A pool holding S sequences in scattered blocks; returns the kernel inputs and the contiguous K/V."""
+    S = len(qlens)
+    need = [-(-c // block_size) for c in ctx]
+    nb = sum(need) + 3
+    perm = rng.permutation(nb)
+    k_cache = rng.normal(size=(nb, block_size, hkv, d)).astype(dtype)
+    v_cache = rng.normal(size=(nb, block_size, hkv, d)).astype(dtype)
+    tables = np.zeros((S, max(need)), np.int32)
+    at = 0
+    for s in range(S):
+        tables[s, :need[s]] = perm[at:at + need[s]]
+        at += need[s]
+    cu = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+    q = rng.normal(size=(int(cu[-1]), hq, d)).astype(dtype)
+    return q, k_cache, v_cache, tables, np.asarray(ctx, np.int32), cu
+
+
+@pytest.mark.parametrize("qlens,ctx,bs", [([1, 1, 1], [5, 9, 1], 4), ([7, 1, 3], [7, 12, 20], 4),
+                                          ([5, 13], [9, 13], 8), ([1, 16, 2], [33, 40, 2], 16)])
+def test_paged_varlen_attention_matches_causal_attention_per_sequence(rng, qlens, ctx, bs):
+    q, kc, vc, tables, lens, cu = _ragged_case(rng, qlens, ctx, block_size=bs)
+    out = paged_varlen_attention(q, kc, vc, tables, lens, cu)
+    for s in range(len(qlens)):
+        k, v = gather_kv(kc, vc, tables, ctx[s], s)
+        qs = q[cu[s]:cu[s + 1]]
+        # queries sit at the end of the context: causal with Nq <= Nk is bottom-right aligned
+        ref = standard_attention(qs.transpose(1, 0, 2)[None], k.transpose(1, 0, 2)[None],
+                                 v.transpose(1, 0, 2)[None], causal=True)[0].transpose(1, 0, 2)
+        np.testing.assert_allclose(out[cu[s]:cu[s + 1]], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_varlen_attention_with_one_token_each_is_decode_attention(rng):
+    q, kc, vc, tables, lens, cu = _ragged_case(rng, [1, 1, 1, 1], [3, 8, 17, 1])
+    np.testing.assert_allclose(paged_varlen_attention(q, kc, vc, tables, lens, cu),
+                               paged_attention(q, kc, vc, tables, lens), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda a: a.update(cu=np.array([0, 2, 1, 4], np.int32)), "cu_seqlens_q must rise"),
+    (lambda a: a.update(cu=np.array([0, 1, 2, 5], np.int32)), "cu_seqlens_q must rise"),
+    (lambda a: a.update(lens=np.array([4, 8, 1], np.int32)), "context of only"),
+    (lambda a: a.update(cu=np.array([0, 1, 2, 4], np.int64)), "int32"),
+    (lambda a: a.update(tables=a["tables"] + 100), "outside the pool"),
+    (lambda a: a.update(q=a["q"][:2]), "every sequence needs"),
+])
+def test_paged_varlen_attention_rejects_bad_batches(rng, mutate, match):
+    q, kc, vc, tables, lens, cu = _ragged_case(rng, [1, 1, 2], [4, 8, 2])
+    a = dict(q=q, tables=tables, lens=lens, cu=cu)
+    mutate(a)
+    with pytest.raises(ValueError, match=match):
+        paged_varlen_attention(a["q"], kc, vc, a["tables"], a["lens"], a["cu"])

@@ -92,3 +92,73 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         s = np.einsum("hgd,lhd->hgl", qb, k.astype(ct)) * scale
         out[b] = np.einsum("hgl,lhd->hgd", safe_softmax(s), v.astype(ct)).reshape(Hq, D)
     return out.astype(q.dtype, copy=False)
+
+
+def check_varlen_inputs(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
+                        check_table: bool = True) -> tuple[int, ...]:
+    """Validate a ragged batch for :func:`paged_varlen_attention`; return (T, S, Hq, Hkv, D, bs, nb).
+
+    With ``check_table=False`` only shapes and dtypes are checked (no read of the index arrays' contents,
+    which on a GPU is a copy to the host).
+    """
+    if len(tuple(q.shape)) != 3:
+        raise ValueError(f"q must be (T, Hq, D): the new tokens of every sequence, flat; got {tuple(q.shape)}")
+    T = int(q.shape[0])
+    S = int(tuple(context_lens.shape)[0]) if len(tuple(context_lens.shape)) == 1 else -1
+    if S < 1 or tuple(cu_seqlens_q.shape) != (S + 1,):
+        raise ValueError(f"context_lens must be (S,) and cu_seqlens_q (S+1,), got {tuple(context_lens.shape)} "
+                         f"and {tuple(cu_seqlens_q.shape)}")
+    if str(cu_seqlens_q.dtype) not in ("int32", "torch.int32"):
+        raise ValueError(f"cu_seqlens_q must be int32, got {cu_seqlens_q.dtype}")
+    if T < S:
+        raise ValueError(f"{T} query tokens for {S} sequences: every sequence needs at least one new token")
+    # the per-sequence checks are the decode kernel's, with the first S query rows standing in for the tokens
+    _, Hq, Hkv, D, bs, nb = check_paged_inputs(q[:S], k_cache, v_cache, block_tables, context_lens,
+                                               check_table=False)
+    if not check_table:
+        return T, S, Hq, Hkv, D, bs, nb
+    cu = np.asarray(cu_seqlens_q.cpu() if hasattr(cu_seqlens_q, "cpu") else cu_seqlens_q).astype(np.int64)
+    lens = np.asarray(context_lens.cpu() if hasattr(context_lens, "cpu") else context_lens).astype(np.int64)
+    qlens = np.diff(cu)
+    if cu[0] != 0 or cu[-1] != T or (qlens < 1).any():
+        raise ValueError(f"cu_seqlens_q must rise from 0 to T={T} in steps >= 1, got {cu.tolist()}")
+    if (qlens > lens).any():
+        s = int(np.argmax(qlens > lens))
+        raise ValueError(f"sequence {s} has {qlens[s]} new tokens but a context of only {lens[s]} "
+                         f"(the context length counts the new tokens too)")
+    check_paged_inputs(q[:S], k_cache, v_cache, block_tables, context_lens, check_table=True)
+    return T, S, Hq, Hkv, D, bs, nb
+
+
+def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
+                           scale: float | None = None, validate: bool = True) -> np.ndarray:
+    """Causal attention for a ragged batch of new tokens against a paged cache (prefill chunks and decodes).
+
+    Layout (shared with the Triton kernel ``minillm.kernels.paged_prefill``):
+
+        q             (T, Hq, D)       the new tokens of all S sequences, sequence after sequence
+        k_cache       (num_blocks, block_size, Hkv, D), v_cache likewise: one layer's pools
+        block_tables  (S, max_blocks) int32
+        context_lens  (S,) int32       cached tokens of each sequence, the new ones included
+        cu_seqlens_q  (S+1,) int32     sequence s owns rows cu_seqlens_q[s] : cu_seqlens_q[s+1] of q
+
+    The new tokens' K/V must already be in the cache (the model writes them through the slot mapping
+    first). New token i of sequence s sits at position ``context_lens[s] - q_len[s] + i`` and attends to
+    positions 0..itself: the cached context, then its own chunk causally. A decode step is q_len = 1.
+    """
+    T, S, Hq, Hkv, D, _, _ = check_varlen_inputs(q, k_cache, v_cache, block_tables, context_lens,
+                                                 cu_seqlens_q, check_table=validate)
+    scale = 1.0 / np.sqrt(D) if scale is None else float(scale)
+    ct = np.result_type(np.float32, q.dtype)
+    group = Hq // Hkv
+    out = np.empty((T, Hq, D), ct)
+    cu = np.asarray(cu_seqlens_q)
+    for s in range(S):
+        lo, hi, n = int(cu[s]), int(cu[s + 1]), int(context_lens[s])
+        k, v = gather_kv(k_cache, v_cache, block_tables, n, s)                # (n, Hkv, D)
+        qs = q[lo:hi].astype(ct).reshape(hi - lo, Hkv, group, D)
+        sc = np.einsum("thgd,lhd->hgtl", qs, k.astype(ct)) * scale
+        qpos = n - (hi - lo) + np.arange(hi - lo)
+        sc = np.where(np.arange(n)[None, :] <= qpos[:, None], sc, -np.inf)
+        out[lo:hi] = np.einsum("hgtl,lhd->thgd", safe_softmax(sc), v.astype(ct)).reshape(hi - lo, Hq, D)
+    return out.astype(q.dtype, copy=False)
