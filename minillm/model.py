@@ -237,6 +237,69 @@ class Model:
         return logits[0] if squeeze else logits
 
 
+    def forward_ragged(self, ids, positions, slot_mapping, block_tables, context_lens, cu_seqlens_q,
+                       k_pool, v_pool, ops: StepOps | None = None, attn_fn=None,
+                       logits_rows=None) -> np.ndarray:
+        """One serving step: the new tokens of S sequences, flat, against a paged K/V pool.
+
+        ids, positions, slot_mapping  (T,)     token, its absolute position, the pool slot its K/V goes to
+                                               (slot = block * block_size + offset; -1 = padding, not written)
+        block_tables (S, max_blocks) int32, context_lens (S,) int32 (new tokens included),
+        cu_seqlens_q (S+1,) int32              sequence s owns rows cu_seqlens_q[s]:cu_seqlens_q[s+1]
+        k_pool, v_pool  (n_layers, num_blocks, block_size, Hkv, D), written in place
+
+        Returns the logits of ``logits_rows`` (default: each sequence's last new token), shape (len, V).
+        ``attn_fn`` has :func:`minillm.paged.attention.paged_varlen_attention`'s signature.
+        """
+        if attn_fn is None:
+            from .paged.attention import paged_varlen_attention as attn_fn
+        cfg = self.config
+        ids = check_token_ids(ids, cfg.vocab_size)
+        positions = np.asarray(positions)
+        slots = np.asarray(slot_mapping, np.int64)
+        T = ids.shape[0] if ids.ndim == 1 else -1
+        if T < 1 or positions.shape != (T,) or slots.shape != (T,):
+            raise ValueError(f"ids, positions and slot_mapping must be (T,) with T >= 1, got "
+                             f"{ids.shape}, {positions.shape}, {slots.shape}")
+        if positions.min() < 0 or positions.max() >= cfg.max_seq_len:
+            raise ValueError(f"positions must lie in [0, {cfg.max_seq_len}), got [{positions.min()}, {positions.max()}]")
+        n_slots = k_pool.shape[1] * k_pool.shape[2]
+        if slots.max() >= n_slots or slots.min() < -1:
+            raise ValueError(f"slot_mapping must lie in [-1, {n_slots}), got [{slots.min()}, {slots.max()}]")
+        cos, sin = rope_tables(positions, cfg.d_head, cfg.rope_theta)
+        P, hd, H, Hkv = self.params, cfg.d_head, cfg.n_heads, cfg.n_kv_heads
+        keep = slots >= 0
+
+        def rope(t):   # (T, heads, hd): apply_rope's layout is (..., N, D) with the tables (N, D/2)
+            return apply_rope(t.transpose(1, 0, 2), cos, sin).transpose(1, 0, 2)
+
+        x = P["tok_emb"][ids]
+        for layer in range(cfg.n_layers):
+            p = f"layers.{layer}."
+            h = rms_norm(x, P[p + "attn_norm"], cfg.norm_eps)
+            q = rope(_linear(h, P[p + "wq"], ops).reshape(T, H, hd))
+            k = rope(_linear(h, P[p + "wk"], ops).reshape(T, Hkv, hd))
+            v = _linear(h, P[p + "wv"], ops).reshape(T, Hkv, hd)
+            kf = k_pool[layer].reshape(n_slots, Hkv, hd)   # views: writing them writes the pool
+            vf = v_pool[layer].reshape(n_slots, Hkv, hd)
+            kf[slots[keep]] = k[keep]
+            vf[slots[keep]] = v[keep]
+            a = attn_fn(q.astype(k_pool.dtype), k_pool[layer], v_pool[layer], block_tables, context_lens,
+                        cu_seqlens_q)
+            x = x + _linear(np.asarray(a, np.float32).reshape(T, H * hd), P[p + "wo"], ops)
+            h = rms_norm(x, P[p + "mlp_norm"], cfg.norm_eps)
+            gated = silu(_linear(h, P[p + "w_gate"], ops)) * _linear(h, P[p + "w_up"], ops)
+            x = x + _linear(gated, P[p + "w_down"], ops)
+        if ops is not None:
+            lens, cu = np.asarray(context_lens, np.int64), np.asarray(cu_seqlens_q, np.int64)
+            qlen = np.diff(cu)
+            # counted as forward() counts them: every new row against the whole context (masked ones included)
+            ops.score_elements += int(cfg.n_layers * H * np.sum(qlen * lens))
+            ops.attn_rows += T
+        rows = np.asarray(cu_seqlens_q, np.int64)[1:] - 1 if logits_rows is None else np.asarray(logits_rows)
+        return _linear(rms_norm(x[rows], P["norm"], cfg.norm_eps), P["lm_head"], ops)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"

@@ -1,0 +1,20 @@
+"""Chapter 8: a serving engine with continuous batching (nano-vllm's ``engine/`` split).
+
+* :mod:`.sequence` -- ``SamplingParams`` and ``Sequence`` (a request's tokens, blocks and timings)
+* :mod:`.block_manager` -- block ids and prefix hashes; no tensors
+* :mod:`.batch` -- ``StepBatch``: one step's ragged metadata (positions, slot mapping, block tables, cu_seqlens)
+* :mod:`.scheduler` -- token budget, chunked prefill, preemption by recompute, FCFS admission
+* :mod:`.runner` -- ``NumpyRunner`` (reference) and ``SimulatedRunner`` (counts only);
+  :mod:`.torch_runner` -- ``TorchRunner`` (GPU, imports torch)
+* :mod:`.engine` -- ``LLMEngine`` (add_request / step / generate / stream) and ``LLM``
+"""
+from .batch import StepBatch
+from .block_manager import BlockManager
+from .engine import LLM, LLMEngine, RequestOutput
+from .runner import NumpyRunner, SimulatedRunner, StepCost
+from .scheduler import RequestRejected, Scheduler, SchedulerConfig
+from .sequence import SamplingParams, Sequence, SequenceStatus
+
+__all__ = ["BlockManager", "LLM", "LLMEngine", "NumpyRunner", "RequestOutput", "RequestRejected",
+           "SamplingParams", "Scheduler", "SchedulerConfig", "Sequence", "SequenceStatus", "SimulatedRunner",
+           "StepBatch", "StepCost"]

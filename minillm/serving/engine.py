@@ -1,0 +1,267 @@
+"""The engine: requests in, tokens out, one scheduler step at a time (nano-vllm's ``llm_engine.py``).
+
+``LLMEngine`` ties a :class:`Scheduler` (which tokens run next), a :class:`BlockManager` (where their
+K/V live) and a runner (which computes them) together. ``add_request`` / ``step`` is the streaming
+interface a server loop calls; ``generate`` runs a list of prompts to completion; ``stream`` yields one
+request's tokens as they come while everything else in the engine keeps running. ``LLM`` builds an
+engine for a shipped model with one of the three runners.
+
+Bad requests raise a clear exception from ``add_request`` and are never queued, so nothing already in
+the engine is affected.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from ..model import check_token_ids
+from .block_manager import BlockManager
+from .scheduler import Scheduler, SchedulerConfig
+from .sequence import SamplingParams, Sequence
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str | None
+    finished: bool
+    finish_reason: str | None
+    arrival_time: float
+    first_token_time: float | None
+    token_times: list[float] = field(repr=False)
+    finish_time: float | None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token: arrival to the first sampled token."""
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e(self) -> float:
+        return self.finish_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive tokens."""
+        return list(np.diff(self.token_times))
+
+    @property
+    def tpot(self) -> float:
+        """Time per output token after the first (NaN for a one-token answer)."""
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else float("nan")
+
+
+class LLMEngine:
+    def __init__(self, runner, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int,
+                 scheduler_config: SchedulerConfig | None = None, enable_prefix_caching: bool = True,
+                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0):
+        self.runner = runner
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len)
+        self.vocab_size, self.eos_token_id, self.tokenizer = int(vocab_size), eos_token_id, tokenizer
+        self.requests: dict[int, Sequence] = {}
+        self._next_id = 0
+        self._seeds = np.random.default_rng(seed)
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise TypeError("this engine has no tokenizer: pass token ids")
+            prompt = self.tokenizer.encode(prompt)
+        if isinstance(prompt, bytes):
+            raise TypeError("prompt must be text or token ids, got bytes")
+        if np.size(prompt) == 0:
+            raise ValueError("prompt is empty: a request needs at least one token")
+        ids = check_token_ids(prompt, self.vocab_size)
+        if ids.ndim != 1:
+            raise ValueError(f"prompt token ids must be 1-D, got shape {ids.shape}")
+        return [int(t) for t in ids]
+
+    def add_request(self, prompt, params: SamplingParams | None = None, arrival_time: float | None = None) -> int:
+        """Queue a request; return its id. Raises (and queues nothing) if the request is invalid."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        ids = self._encode(prompt)
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**31))
+        seq = Sequence(self._next_id, ids, params, self.runner.now() if arrival_time is None else arrival_time,
+                       seed=seed)
+        self.scheduler.add(seq)         # raises RequestRejected for a request that can never fit
+        self.requests[seq.seq_id] = seq
+        self._next_id += 1
+        return seq.seq_id
+
+    def abort_request(self, request_id: int) -> None:
+        self.scheduler.abort(self.requests[request_id], self.runner.now())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def output(self, request_id: int) -> RequestOutput:
+        s = self.requests[request_id]
+        text = self.tokenizer.decode(s.output) if self.tokenizer is not None else None
+        return RequestOutput(s.seq_id, list(s.prompt), list(s.output), text, s.finished, s.finish_reason,
+                             s.arrival_time, s.first_token_time, list(s.token_times), s.finish_time,
+                             s.num_cached_prompt, s.num_preemptions)
+
+    # -- stepping ----------------------------------------------------------------------------------------
+    def step(self) -> list[int]:
+        """Run one scheduled step; return the ids of the requests that got a token (or [] if idle)."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        token_ids = self.runner.execute(batch)
+        got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, self.runner.now())
+        return [s.seq_id for s in got]
+
+    def run(self, progress: bool = False) -> None:
+        """Step until every queued request has finished."""
+        total = len([s for s in self.requests.values() if not s.finished])
+        bar = _Progress(total) if progress else None
+        while self.has_unfinished():
+            self.step()
+            if bar is not None:
+                bar.update(total - len(self.scheduler.waiting) - len(self.scheduler.running))
+        if bar is not None:
+            bar.close()
+
+    def generate(self, prompts, params: SamplingParams | Iterable[SamplingParams] | None = None,
+                 progress: bool | None = None) -> list[RequestOutput]:
+        """Run ``prompts`` (texts or token-id lists) to completion; outputs in prompt order.
+
+        Every prompt is validated before any is queued, so one bad prompt raises and queues nothing.
+        """
+        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], (int, np.integer))):
+            prompts = [prompts]
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        for i, (p, sp) in enumerate(zip(prompts, params)):   # validate everything first
+            try:
+                ids = self._encode(p)
+                sp = SamplingParams() if sp is None else sp
+                self.scheduler.check_fits(Sequence(-1, ids, sp))
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"prompt {i}: {e}") from e
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        self.run(progress=len(ids) >= 8 if progress is None else progress)
+        return [self.output(i) for i in ids]
+
+    def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[int]:
+        """Yield one request's tokens as they are sampled; other queued requests advance alongside."""
+        rid = self.add_request(prompt, params)
+        seq, sent = self.requests[rid], 0
+        while not seq.finished:
+            self.step()
+            while sent < len(seq.output):
+                yield seq.output[sent]
+                sent += 1
+        while sent < len(seq.output):
+            yield seq.output[sent]
+            sent += 1
+
+    def serve_trace(self, prompts, params, arrivals) -> list[RequestOutput]:
+        """Serve requests that arrive over time (seconds on the runner's clock, sorted ascending).
+
+        Each request is added once the clock reaches its arrival. When the engine is idle, a simulated
+        runner's clock jumps to the next arrival; a real one sleeps until then.
+        """
+        order = np.argsort(np.asarray(arrivals, np.float64), kind="stable")
+        t0 = self.runner.now()
+        ids: dict[int, int] = {}
+        nxt = 0
+        while nxt < len(order) or self.has_unfinished():
+            now = self.runner.now() - t0
+            while nxt < len(order) and arrivals[order[nxt]] <= now:
+                i = int(order[nxt])
+                ids[i] = self.add_request(prompts[i], params[i] if isinstance(params, list) else params,
+                                          arrival_time=t0 + float(arrivals[i]))
+                nxt += 1
+            if self.has_unfinished():
+                self.step()
+            elif nxt < len(order):
+                wait = float(arrivals[order[nxt]]) - now
+                if hasattr(self.runner, "clock"):
+                    self.runner.clock += wait
+                else:
+                    time.sleep(max(0.0, wait))
+        return [self.output(ids[i]) for i in range(len(order))]
+
+
+class _Progress:
+    """A dependency-free progress bar on stderr (tqdm when installed)."""
+
+    def __init__(self, total: int):
+        try:
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=total, desc="requests", unit="req")
+        except ImportError:
+            self._bar = None
+        self.total, self.done = total, 0
+
+    def update(self, done: int) -> None:
+        if done == self.done:
+            return
+        if self._bar is not None:
+            self._bar.update(done - self.done)
+        else:
+            sys.stderr.write(f"\rrequests {done}/{self.total}")
+        self.done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            sys.stderr.write("\n")
+
+
+class LLM:
+    """``LLM("tiny").generate(prompts, SamplingParams(...))``: an engine for a model and a runner.
+
+    runner: "numpy" (the reference, CPU), "torch" (the GPU path: torch model + Triton kernels) or
+    "simulated" (counts only). ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
+    ``max_seq_len`` tokens, so nothing is preempted unless you ask for a smaller pool.
+    """
+
+    def __init__(self, model="tiny", runner: str = "numpy", num_blocks: int | None = None, block_size: int = 16,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_prefill_chunk: int | None = None,
+                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, seed: int = 0,
+                 **runner_kw):
+        from ..model import Model, load_model
+        from ..tokenizer import EOS, ByteTokenizer
+
+        self.model = model if isinstance(model, Model) else load_model(model)
+        cfg = self.model.config
+        if num_blocks is None:
+            num_blocks = max_num_seqs * -(-cfg.max_seq_len // block_size)
+        if runner == "numpy":
+            from .runner import NumpyRunner
+            run = NumpyRunner(self.model, num_blocks, block_size)
+        elif runner == "torch":
+            from .torch_runner import TorchRunner
+            run = TorchRunner(self.model, num_blocks, block_size, **runner_kw)
+        elif runner == "simulated":
+            from .runner import SimulatedRunner
+            run = SimulatedRunner(**runner_kw)
+        else:
+            raise ValueError(f"runner must be 'numpy', 'torch' or 'simulated', got {runner!r}")
+        sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill)
+        self.engine = LLMEngine(run, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched,
+                                enable_prefix_caching, eos_token_id=EOS, tokenizer=ByteTokenizer(), seed=seed)
+
+    def generate(self, prompts, params=None, progress: bool | None = None) -> list[RequestOutput]:
+        return self.engine.generate(prompts, params, progress)
+
+    def stream(self, prompt, params=None) -> Iterator[int]:
+        return self.engine.stream(prompt, params)

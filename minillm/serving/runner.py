@@ -1,0 +1,113 @@
+"""Runners execute a scheduled step. One scheduler drives three of them:
+
+* ``NumpyRunner`` -- the NumPy reference model over NumPy K/V pools (float32, CPU): the oracle.
+* ``minillm.serving.torch_runner.TorchRunner`` -- the torch model with the Triton paged kernels (GPU);
+  it lives in its own module because it imports torch.
+* ``SimulatedRunner`` -- computes nothing. It counts tokens, steps and KV memory, and advances a
+  virtual clock with a step-cost model, so traces of thousands of requests run in seconds.
+
+A runner's contract: ``execute(batch) -> token_ids`` with one sampled token per sequence of the batch
+(rows whose ``batch.sample`` is False are ignored), and ``now()``, the clock the engine stamps tokens with.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..sampling import sample_batch
+from .batch import StepBatch
+
+
+def sampling_arrays(batch: StepBatch):
+    """Per-row temperature, top-k (0 = off), top-p, seed and step (index of the token being sampled)."""
+    ps = [s.params for s in batch.seqs]
+    return (np.array([p.temperature for p in ps], np.float64),
+            np.array([p.top_k or 0 for p in ps], np.int64),
+            np.array([p.top_p for p in ps], np.float64),
+            np.array([s.seed for s in batch.seqs], np.int64),
+            np.array([len(s.output) for s in batch.seqs], np.int64))
+
+
+class NumpyRunner:
+    """The NumPy reference model over (n_layers, num_blocks, block_size, Hkv, D) float32 pools."""
+
+    def __init__(self, model, num_blocks: int, block_size: int, dtype=np.float32):
+        cfg = model.config
+        self.model, self.block_size = model, int(block_size)
+        shape = (cfg.n_layers, int(num_blocks), self.block_size, cfg.n_kv_heads, cfg.d_head)
+        self.k_pool, self.v_pool = np.zeros(shape, dtype), np.zeros(shape, dtype)
+        self.vocab_size = cfg.vocab_size
+        self.last_logits: np.ndarray | None = None
+
+    def execute(self, batch: StepBatch) -> np.ndarray:
+        logits = self.model.forward_ragged(batch.input_ids, batch.positions, batch.slot_mapping,
+                                           batch.block_tables, batch.context_lens, batch.cu_seqlens_q,
+                                           self.k_pool, self.v_pool)
+        self.last_logits = logits
+        t, k, p, seed, step = sampling_arrays(batch)
+        return sample_batch(logits, t, k, p, seed, step)
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+
+@dataclass
+class StepCost:
+    """A roofline-style cost of one step on a GPU: weights are read once per step, each token's K/V context
+    is read once, and FLOPs are 2 * params per token (plus attention). The step takes the longer of the
+    memory time and the compute time, plus a fixed launch overhead."""
+
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+    attn_flops_per_context_token: float = 0.0
+    bandwidth: float = 4.8e12      # bytes/s (H200 HBM3e, datasheet)
+    flops: float = 989e12          # dense bf16 FLOP/s (H100/H200 SXM datasheet)
+    overhead: float = 0.0          # seconds per step (kernel launches, scheduling)
+
+    def seconds(self, batch: StepBatch) -> float:
+        ctx = float(np.sum(batch.context_lens))
+        mem = self.weight_bytes + self.kv_bytes_per_token * ctx
+        comp = self.flops_per_token * batch.num_tokens + self.attn_flops_per_context_token * float(
+            np.sum(batch.num_new * batch.context_lens))
+        return max(mem / self.bandwidth, comp / self.flops) + self.overhead
+
+    @classmethod
+    def for_model(cls, config, bytes_per_param: int = 2, **kw) -> "StepCost":
+        kv = 2 * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_param
+        return cls(weight_bytes=config.n_params() * bytes_per_param, kv_bytes_per_token=kv,
+                   flops_per_token=2 * config.n_params(),
+                   attn_flops_per_context_token=4 * config.n_layers * config.n_heads * config.d_head, **kw)
+
+
+@dataclass
+class SimulatedRunner:
+    """Counts instead of computing; samples token 0 (use ``ignore_eos`` and ``max_tokens`` for lengths).
+
+    With a ``cost`` model the clock advances by ``cost.seconds(batch)`` per step; without one, by one
+    unit per step (the clock then counts steps).
+    """
+
+    cost: StepCost | None = None
+    clock: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    batch_sizes: list[int] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+
+    def execute(self, batch: StepBatch) -> np.ndarray:
+        self.steps += 1
+        self.tokens += batch.num_tokens
+        self.decode_tokens += batch.num_decode_tokens
+        self.prefill_tokens += batch.num_prefill_tokens
+        self.batch_sizes.append(len(batch.seqs))
+        self.step_tokens.append(batch.num_tokens)
+        self.clock += self.cost.seconds(batch) if self.cost is not None else 1.0
+        return np.zeros(len(batch.seqs), np.int64)
+
+    def now(self) -> float:
+        return self.clock

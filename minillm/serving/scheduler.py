@@ -1,0 +1,182 @@
+"""The scheduler: which sequences run in the next step, and how many of their tokens.
+
+One step has a token budget (``max_num_batched_tokens``) and a cap on live sequences (``max_num_seqs``).
+The running sequences go first, in admission order: a decode costs one token, a sequence still
+prefilling takes as many prompt tokens as the budget (and ``max_prefill_chunk``) allow. What is left of
+the budget admits waiting requests first come, first served, each with a prefill chunk, so a step mixes
+decodes and prefill chunks (chunked prefill, as in vLLM v1 and Sarathi).
+
+When a running sequence needs a block and none is free, the most recently admitted running sequence is
+preempted -- possibly the one asking -- by recompute: its blocks are freed, it goes back to the front of
+the waiting queue, and it later prefills prompt + output again. Its tokens are kept, so greedy decoding
+produces exactly what it would have without the interruption.
+
+A request that could never fit (its prompt plus ``max_tokens`` need more blocks than the whole pool, or
+its positions would pass the model's ``max_seq_len``) is rejected when it is added, with a clear error;
+nothing else is touched.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .batch import StepBatch
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_prefill_chunk: int | None = None     # prompt tokens one sequence may compute per step (None: budget)
+    enable_chunked_prefill: bool = True      # False: a prompt is prefilled in one step or waits
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        c = self.max_prefill_chunk
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+            raise ValueError(f"max_prefill_chunk must be None or an integer >= 1, got {c!r}")
+
+
+class RequestRejected(ValueError):
+    """The request can never be served by this engine (too long, or larger than the whole pool)."""
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int):
+        self.config, self.bm, self.max_model_len = config, block_manager, int(max_model_len)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_steps = 0
+
+    # -- admission ---------------------------------------------------------------------------------------
+    def check_fits(self, seq: Sequence) -> None:
+        n_prompt, n_out = len(seq.prompt), seq.params.max_tokens
+        if n_prompt > self.max_model_len:
+            raise RequestRejected(f"prompt has {n_prompt} tokens, longer than max_seq_len={self.max_model_len}")
+        # the last sampled token is never fed back, so prompt + max_tokens - 1 positions are computed
+        if n_prompt + n_out - 1 > self.max_model_len:
+            raise RequestRejected(f"prompt ({n_prompt}) + max_tokens ({n_out}) - 1 exceeds "
+                                  f"max_seq_len={self.max_model_len}")
+        need = self.bm.blocks_for(n_prompt + n_out - 1)
+        if need > self.bm.num_blocks:
+            raise RequestRejected(f"request needs {need} blocks of {self.bm.block_size} tokens at its longest; "
+                                  f"the whole pool has {self.bm.num_blocks}")
+        if not self.config.enable_chunked_prefill and n_prompt + n_out - 1 > self.config.max_num_batched_tokens:
+            raise RequestRejected(f"without chunked prefill a prompt (and its recompute after preemption, up to "
+                                  f"{n_prompt + n_out - 1} tokens) must fit one step's budget of "
+                                  f"{self.config.max_num_batched_tokens} tokens")
+
+    def add(self, seq: Sequence) -> None:
+        self.check_fits(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ----------------------------------------------------------------------------------------
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.num_pending, budget)
+        if not seq.is_decoding and self.config.max_prefill_chunk is not None:
+            n = min(n, self.config.max_prefill_chunk)
+        return n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        seq.num_computed = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> StepBatch | None:
+        """Pick this step's sequences and token counts, and give them blocks. None when there is no work."""
+        budget = self.config.max_num_batched_tokens
+        chosen: list[tuple[Sequence, int]] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = self._chunk(seq, budget)
+            while not self.bm.can_allocate(self.bm.blocks_needed(seq, seq.num_computed + n)):
+                victim = self.running.pop()     # the latest admitted; never one already chosen (those are < i)
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.bm.allocate(seq, seq.num_computed + n)
+                chosen.append((seq, n))
+                budget -= n
+                i += 1
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not seq.block_table:
+                seq.num_computed = self.bm.match_prefix(seq)
+                if not seq.admitted:
+                    seq.num_cached_prompt = seq.num_computed
+            n = self._chunk(seq, budget)
+            too_big = not self.config.enable_chunked_prefill and n < seq.num_pending
+            if too_big or not self.bm.can_allocate(self.bm.blocks_needed(seq, seq.num_computed + n)):
+                self.bm.free(seq)               # give back the prefix blocks; retry in a later step
+                seq.num_computed = 0
+                break
+            self.bm.allocate(seq, seq.num_computed + n)
+            self.waiting.popleft()
+            seq.status, seq.admitted = SequenceStatus.RUNNING, True
+            self.running.append(seq)
+            chosen.append((seq, n))
+            budget -= n
+        if not chosen:
+            if self.has_unfinished():
+                raise RuntimeError("scheduler made no progress with requests pending (this is a bug: "
+                                   "check_fits admits only requests that fit an empty pool)")
+            return None
+        self.num_steps += 1
+        return StepBatch.build([s for s, _ in chosen], [n for _, n in chosen], self.bm.block_size)
+
+    def postprocess(self, batch: StepBatch, token_ids, eos_token_id: int | None, now: float | None = None
+                    ) -> list[Sequence]:
+        """Account for a finished step: advance, name full blocks, append sampled tokens, retire finished.
+
+        ``token_ids[s]`` is the token sampled for row s (ignored where ``batch.sample[s]`` is False).
+        Returns the sequences that got a token this step.
+        """
+        now = time.perf_counter() if now is None else now
+        got = []
+        for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
+            seq.num_computed += int(n)
+            self.bm.register(seq)
+            if not batch.sample[row]:
+                continue
+            tok = int(token_ids[row])
+            seq.output.append(tok)
+            seq.token_times.append(now)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            got.append(seq)
+            p = seq.params
+            if tok in p.stop_token_ids or (tok == eos_token_id and not p.ignore_eos):
+                self.finish(seq, "stop", now)
+            elif len(seq.output) >= p.max_tokens:
+                self.finish(seq, "length", now)
+        return got
+
+    def finish(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.status, seq.finish_reason, seq.finish_time = SequenceStatus.FINISHED, reason, now
+        self.bm.free(seq)
+        self.running.remove(seq)
+
+    def abort(self, seq: Sequence, now: float) -> None:
+        """Drop a request wherever it is (a client went away); its blocks go back to the pool."""
+        if seq in self.running:
+            self.finish(seq, "abort", now)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+            self.bm.free(seq)
+            seq.status, seq.finish_reason, seq.finish_time = SequenceStatus.FINISHED, "abort", now

@@ -1,0 +1,109 @@
+"""A request as the engine sees it: its tokens, how many have K/V in the cache, its blocks and its clock.
+
+A sequence's tokens are its prompt followed by what it has generated. ``num_computed`` of them have
+K/V in the cache; the rest are computed by the next steps: many at once while it is prefilling (in
+chunks if the token budget is short), then exactly one per step while it decodes (the last sampled
+token, whose K/V nobody has computed yet). Preemption by recompute sets ``num_computed`` back to 0 and
+keeps the tokens: the sequence prefills prompt + output again and carries on where it stopped.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+def _int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded.
+
+    temperature    0 is greedy (argmax); > 0 samples from softmax(logits / temperature)
+    top_k          keep the k most likely tokens (None: all)
+    top_p          keep the smallest set of most likely tokens with probability >= top_p, in (0, 1]
+    max_tokens     tokens to generate at most (>= 1)
+    stop_token_ids generation stops after emitting one of these (it is kept in the output)
+    ignore_eos     do not stop at the end-of-sequence token (for fixed-length benchmarks)
+    seed           the request's own randomness: the same seed gives the same tokens whatever the batch
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if self.top_k is not None:
+            _int("top_k", self.top_k, 1)
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {p!r}")
+        _int("max_tokens", self.max_tokens, 1)
+        if self.seed is not None:
+            _int("seed", self.seed, 0)
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    prompt: list[int]
+    params: SamplingParams
+    arrival_time: float = 0.0
+    seed: int = 0                       # params.seed, or one the engine drew for this request
+    output: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed: int = 0               # tokens whose K/V is in the cache
+    block_table: list[int] = field(default_factory=list)
+    num_cached_prompt: int = 0          # prompt tokens found in the prefix cache at first admission
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    finish_reason: str | None = None    # "length" or "stop"
+    admitted: bool = False
+
+    def __len__(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    def token(self, i: int) -> int:
+        n = len(self.prompt)
+        return self.prompt[i] if i < n else self.output[i - n]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to push through the model before the next token can be sampled."""
+        return len(self) - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return bool(self.output) and self.num_pending == 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
