@@ -123,3 +123,70 @@ def test_load_model_meta_records_training(tiny_model):
     meta = tiny_model.meta
     assert meta["command"].startswith("python -m minillm.train")
     json.dumps(meta)
+
+
+def _ragged_inputs(model, seqs, block_size=4, num_blocks=32, seed=0):
+    """Pools plus the ragged metadata for sequences given as (tokens, n_cached): the last len-n_cached are new."""
+    cfg = model.config
+    rng = np.random.default_rng(seed)
+    shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.d_head)
+    k_pool, v_pool = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    perm = rng.permutation(num_blocks)
+    tables, at = [], 0
+    for toks, _ in seqs:
+        nb = -(-len(toks) // block_size)
+        tables.append(perm[at:at + nb])
+        at += nb
+    bt = np.zeros((len(seqs), max(len(t) for t in tables)), np.int32)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    return k_pool, v_pool, bt
+
+
+def test_forward_ragged_matches_forward_for_mixed_prefill_chunks_and_decodes(small_model, rng):
+    """Three sequences, filled over two ragged steps (prefill chunks of odd sizes, then a mixed step),
+    give the same last-token logits as the plain forward over each whole sequence."""
+    m, bs = small_model, 4
+    seqs = [rng.integers(0, 256, n).tolist() for n in (9, 14, 5)]
+    k_pool, v_pool, bt = _ragged_inputs(m, [(s, 0) for s in seqs], block_size=bs)
+    splits = [(6, 3), (13, 1), (1, 4)]    # tokens computed in step 1, then step 2 (13+1: step 2 is a decode)
+
+    def step(parts):
+        ids, pos, slots, ctx, qlen = [], [], [], [], []
+        for i, (lo, hi) in enumerate(parts):
+            p = np.arange(lo, hi)
+            ids += seqs[i][lo:hi]
+            pos.append(p)
+            slots.append(bt[i][p // bs].astype(np.int64) * bs + p % bs)
+            ctx.append(hi)
+            qlen.append(hi - lo)
+        cu = np.concatenate([[0], np.cumsum(qlen)]).astype(np.int32)
+        return m.forward_ragged(np.array(ids), np.concatenate(pos), np.concatenate(slots), bt,
+                                np.array(ctx, np.int32), cu, k_pool, v_pool)
+
+    first = step([(0, a) for a, _ in splits])
+    last = step([(a, a + b) for a, b in splits])
+    for i, s in enumerate(seqs):
+        np.testing.assert_allclose(last[i], m.forward(np.array(s))[-1], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(first[i], m.forward(np.array(s[:splits[i][0]]))[-1], rtol=1e-4, atol=1e-4)
+
+
+def test_forward_ragged_skips_padding_slots_and_rejects_bad_metadata(small_model):
+    m = small_model
+    k_pool, v_pool, bt = _ragged_inputs(m, [([1, 2, 3], 0)])
+    cu, ctx = np.array([0, 3], np.int32), np.array([3], np.int32)
+    slots = bt[0][np.arange(3) // 4].astype(np.int64) * 4 + np.arange(3) % 4
+    pad = slots.copy()
+    pad[2] = -1                                  # a padded row (CUDA-graph batches): computed, not stored
+    m.forward_ragged(np.array([1, 2, 3]), np.arange(3), pad, bt, ctx, cu, k_pool, v_pool)
+    flat = k_pool.reshape(m.config.n_layers, -1, m.config.n_kv_heads, m.config.d_head)
+    assert np.abs(flat[:, slots[:2]]).sum() > 0 and not np.abs(flat[:, slots[2]]).any()
+    m.forward_ragged(np.array([1, 2, 3]), np.arange(3), slots, bt, ctx, cu, k_pool, v_pool)
+    before = k_pool.copy()
+    with pytest.raises(ValueError, match="slot_mapping"):
+        m.forward_ragged(np.array([1, 2, 3]), np.arange(3), slots + 10**6, bt, ctx, cu, k_pool, v_pool)
+    with pytest.raises(ValueError, match="positions"):
+        m.forward_ragged(np.array([1, 2, 3]), np.arange(3) + 10**4, slots, bt, ctx, cu, k_pool, v_pool)
+    with pytest.raises(ValueError, match="token ids"):
+        m.forward_ragged(np.array([1, 2, 10**6]), np.arange(3), slots, bt, ctx, cu, k_pool, v_pool)
+    np.testing.assert_array_equal(k_pool, before)

@@ -1,0 +1,200 @@
+"""The engine against the simple decoder: identical greedy tokens, seed-stable sampling, bad input isolated."""
+import numpy as np
+import pytest
+
+from minillm.decode import cached_decode
+from minillm.serving import LLM, LLMEngine, NumpyRunner, RequestRejected, SamplingParams, SchedulerConfig
+from minillm.tokenizer import EOS
+
+
+def make_engine(model, num_blocks=64, block_size=8, prefix=True, **sched):
+    runner = NumpyRunner(model, num_blocks, block_size)
+    cfg = model.config
+    return LLMEngine(runner, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, SchedulerConfig(**sched),
+                     enable_prefix_caching=prefix, eos_token_id=None)
+
+
+def random_trace(seed, n=7, vocab=256, shared_prefix=True):
+    """Prompts of odd lengths (some sharing a 20-token prefix), output lengths, and arrival steps."""
+    rng = np.random.default_rng(seed)
+    system = rng.integers(0, vocab, 20).tolist()
+    prompts, outs = [], []
+    for i in range(n):
+        own = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
+        prompts.append(system + own if shared_prefix and i % 2 == 0 else own)
+        outs.append(int(rng.integers(1, 14)))
+    arrivals = np.sort(rng.integers(0, 12, n))
+    return prompts, outs, arrivals
+
+
+@pytest.fixture(scope="module")
+def trace_and_reference(small_model):
+    prompts, outs, arrivals = random_trace(5)
+    ref = [cached_decode(small_model, p, o).new_tokens for p, o in zip(prompts, outs)]
+    return prompts, outs, arrivals, ref
+
+
+def run_with_arrivals(engine, prompts, params, arrivals):
+    """Add request i at step arrivals[i]; step until all finish; return outputs in order."""
+    ids, step, nxt = {}, 0, 0
+    order = np.argsort(arrivals, kind="stable")
+    while nxt < len(order) or engine.has_unfinished():
+        while nxt < len(order) and arrivals[order[nxt]] <= step:
+            i = int(order[nxt])
+            ids[i] = engine.add_request(prompts[i], params[i])
+            nxt += 1
+        engine.step()
+        engine.block_manager.check_invariants(engine.scheduler.running + list(engine.scheduler.waiting))
+        step += 1
+    return [engine.output(ids[i]) for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("chunk,budget", [(1, 16), (7, 24), (64, 64)])
+@pytest.mark.parametrize("num_blocks", [9, 64])     # 9 blocks forces preemption
+def test_engine_greedy_tokens_equal_cached_decode_alone(small_model, trace_and_reference, block_size, chunk,
+                                                         budget, num_blocks):
+    prompts, outs, arrivals, ref = trace_and_reference
+    num_blocks = num_blocks if block_size == 8 else (num_blocks + 1) // 2
+    eng = make_engine(small_model, num_blocks, block_size, max_prefill_chunk=chunk, max_num_batched_tokens=budget,
+                      max_num_seqs=5)
+    got = run_with_arrivals(eng, prompts, [SamplingParams(max_tokens=o, ignore_eos=True) for o in outs], arrivals)
+    for g, r in zip(got, ref):
+        assert g.token_ids == r and g.finished and g.finish_reason == "length"
+    assert eng.block_manager.num_free == eng.block_manager.num_blocks
+    if num_blocks <= 9:
+        assert eng.scheduler.num_preemptions > 0, "the small pool was meant to force preemption"
+
+
+def test_engine_seeded_sampling_is_independent_of_the_batch(small_model, trace_and_reference):
+    prompts, outs, arrivals, _ = trace_and_reference
+    params = [SamplingParams(temperature=0.9, top_k=40, top_p=0.95, max_tokens=o, seed=100 + i, ignore_eos=True)
+              for i, o in enumerate(outs)]
+    alone = []
+    for p, sp in zip(prompts, params):
+        eng = make_engine(small_model)
+        alone.append(eng.generate([p], [sp], progress=False)[0].token_ids)
+    eng = make_engine(small_model, num_blocks=9, max_prefill_chunk=7, max_num_batched_tokens=16)
+    together = run_with_arrivals(eng, prompts, params, arrivals)
+    assert [o.token_ids for o in together] == alone
+    assert eng.scheduler.num_preemptions > 0
+    # and the seed matters: other seeds give other tokens for at least one request
+    other = [SamplingParams(temperature=0.9, top_k=40, top_p=0.95, max_tokens=o, seed=999 + i, ignore_eos=True)
+             for i, o in enumerate(outs)]
+    assert [o.token_ids for o in make_engine(small_model).generate(prompts, other, progress=False)] != alone
+
+
+def test_engine_fully_cached_prompt_recomputes_its_last_token(small_model):
+    prompt = list(range(1, 33))     # exactly 4 blocks of 8
+    eng = make_engine(small_model)
+    first = eng.generate([prompt], SamplingParams(max_tokens=5), progress=False)[0]
+    second = eng.generate([prompt], SamplingParams(max_tokens=5), progress=False)[0]
+    assert first.token_ids == second.token_ids == cached_decode(small_model, prompt, 5).new_tokens
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 24   # prompt[:-1] covers 3 full blocks
+    assert eng.block_manager.prefix_hit_tokens == 24
+
+
+def test_engine_two_sequences_sharing_a_prefix_in_one_step(small_model):
+    base = list(range(40, 80))
+    prompts = [base + [1, 2], base + [3]]
+    eng = make_engine(small_model, max_num_batched_tokens=256)
+    a = eng.generate(prompts[:1], SamplingParams(max_tokens=3), progress=False)      # fills the cache
+    outs = eng.generate(prompts, SamplingParams(max_tokens=6), progress=False)       # both hit it at once
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == cached_decode(small_model, p, 6).new_tokens
+        assert o.num_cached_tokens == 40
+    assert a[0].token_ids == outs[0].token_ids[:3]
+
+
+def test_engine_self_preemption_with_one_sequence_left_still_finishes(small_model):
+    """Two long requests in a pool that fits one: the scheduler preempts, never deadlocks or steps empty."""
+    eng = make_engine(small_model, num_blocks=6, block_size=8, max_num_batched_tokens=64)
+    prompts = [list(range(1, 20)), list(range(30, 50))]
+    outs = eng.generate(prompts, SamplingParams(max_tokens=25, ignore_eos=True), progress=False)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == cached_decode(small_model, p, 25).new_tokens
+    assert eng.scheduler.num_preemptions >= 1
+
+
+def test_engine_stops_at_eos_and_stop_tokens(tiny_model):
+    llm = LLM(tiny_model, num_blocks=64)
+    ref = cached_decode(tiny_model, llm.engine.tokenizer.encode("import os\n"), 30).new_tokens
+    stop = ref[7]
+    out = llm.generate("import os\n", SamplingParams(max_tokens=30, stop_token_ids=[stop]), progress=False)[0]
+    assert out.finish_reason == "stop" and out.token_ids == ref[:ref.index(stop) + 1]
+    assert llm.engine.eos_token_id == EOS
+
+
+def test_engine_outputs_carry_text_and_ordered_timings(tiny_model):
+    llm = LLM(tiny_model, num_blocks=64)
+    outs = llm.generate(["def f(x):\n", "import sys\n"], SamplingParams(max_tokens=6, ignore_eos=True),
+                        progress=False)
+    for o in outs:
+        assert o.text == llm.engine.tokenizer.decode(o.token_ids)
+        assert o.arrival_time <= o.first_token_time <= o.token_times[-1] == o.finish_time
+        assert len(o.token_times) == 6 and all(x >= 0 for x in o.itl) and o.ttft >= 0 and o.tpot >= 0
+
+
+def test_engine_stream_yields_tokens_while_others_run(small_model):
+    eng = make_engine(small_model)
+    other = eng.add_request([5, 6, 7], SamplingParams(max_tokens=20, ignore_eos=True))
+    streamed = list(eng.stream([9, 8, 7, 6], SamplingParams(max_tokens=8, ignore_eos=True)))
+    assert streamed == cached_decode(small_model, [9, 8, 7, 6], 8).new_tokens
+    assert len(eng.output(other).token_ids) >= 8     # it advanced in the same steps
+    eng.run()
+    assert eng.output(other).token_ids == cached_decode(small_model, [5, 6, 7], 20).new_tokens
+
+
+@pytest.mark.parametrize("prompt,params,exc,match", [
+    ([], SamplingParams(), ValueError, "empty"),
+    (list(range(200)), SamplingParams(), RequestRejected, "max_seq_len"),
+    ([1, 2, 3], SamplingParams(max_tokens=200), RequestRejected, "exceeds max_seq_len"),
+    ([1, 2, 300], SamplingParams(), ValueError, r"\[0, 259\)"),
+    ([1.5, 2.0], SamplingParams(), TypeError, "integers"),
+    ([[1, 2]], SamplingParams(), ValueError, "1-D"),
+    ([1, 2], "greedy", TypeError, "SamplingParams"),
+])
+def test_engine_rejects_bad_requests_and_keeps_the_others(small_model, prompt, params, exc, match):
+    eng = make_engine(small_model)
+    good = eng.add_request([1, 2, 3, 4], SamplingParams(max_tokens=10, ignore_eos=True))
+    for _ in range(3):
+        eng.step()
+    with pytest.raises(exc, match=match):
+        eng.add_request(prompt, params)
+    eng.run()
+    assert eng.output(good).token_ids == cached_decode(small_model, [1, 2, 3, 4], 10).new_tokens
+    assert len(eng.requests) == 1
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(temperature=float("nan")), "temperature"),
+    (dict(seed=-1), "seed"),
+])
+def test_sampling_params_reject_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kw)
+
+
+def test_engine_rejects_a_request_larger_than_the_whole_pool(small_model):
+    eng = make_engine(small_model, num_blocks=3, block_size=8)   # 24 slots
+    ok = eng.add_request([1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    with pytest.raises(RequestRejected, match="whole pool has 3"):
+        eng.add_request(list(range(1, 20)), SamplingParams(max_tokens=10))
+    eng.run()
+    assert eng.output(ok).finished
+
+
+def test_generate_validates_every_prompt_before_queueing_any(small_model):
+    eng = make_engine(small_model)
+    with pytest.raises(ValueError, match="prompt 1"):
+        eng.generate([[1, 2], []], SamplingParams(max_tokens=2), progress=False)
+    assert not eng.requests and not eng.has_unfinished()
+
+
+def test_engine_abort_frees_blocks(small_model):
+    eng = make_engine(small_model)
+    a = eng.add_request(list(range(1, 30)), SamplingParams(max_tokens=20))
+    eng.step()
+    eng.abort_request(a)
+    assert eng.output(a).finish_reason == "abort" and eng.block_manager.num_free == eng.block_manager.num_blocks
