@@ -114,6 +114,66 @@ class TorchModel(nn.Module):
         return lin(_rms(x, self.norm, cfg.norm_eps), self.lm_head)
 
 
+    def rope_at(self, positions: torch.Tensor):
+        """cos/sin tables (T, d_head/2) for arbitrary per-token positions (computed in float64, as NumPy)."""
+        ang = positions.to(torch.float64)[:, None] * self.inv_freq.to(positions.device)[None, :]
+        return ang.cos().float(), ang.sin().float()
+
+    def forward_ragged(self, ids, positions, slot_mapping, block_tables, context_lens, cu_seqlens_q,
+                       k_pool, v_pool, attn_fn, logits_idx=None) -> torch.Tensor:
+        """``Model.forward_ragged`` in torch: one serving step over a paged pool; returns (rows, V) logits.
+
+        All arguments are tensors on one device; nothing here reads them on the host, so the call can
+        be captured in a CUDA graph. ``slot_mapping`` must be valid slots (the runner sends padded rows
+        to a spare block). ``attn_fn(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)``
+        is the paged attention to use; ``logits_idx`` the rows to project (default: every row).
+        """
+        cfg = self.config
+        T = ids.shape[0]
+        hd, H, Hkv = cfg.d_head, cfg.n_heads, cfg.n_kv_heads
+        cos, sin = self.rope_at(positions)
+
+        def rot(t):  # (T, heads, hd)
+            t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
+            c, s_ = cos.to(t.dtype)[:, None], sin.to(t.dtype)[:, None]
+            return torch.cat([t1 * c - t2 * s_, t2 * c + t1 * s_], dim=-1)
+
+        x = self.tok_emb[ids]
+        for i, blk in enumerate(self.layers):
+            h = _rms(x, blk.attn_norm, cfg.norm_eps)
+            q = rot((h @ blk.wq).view(T, H, hd))
+            k = rot((h @ blk.wk).view(T, Hkv, hd))
+            v = (h @ blk.wv).view(T, Hkv, hd)
+            k_pool[i].view(-1, Hkv, hd).index_copy_(0, slot_mapping, k.to(k_pool.dtype))
+            v_pool[i].view(-1, Hkv, hd).index_copy_(0, slot_mapping, v.to(v_pool.dtype))
+            a = attn_fn(q.to(k_pool.dtype), k_pool[i], v_pool[i], block_tables, context_lens, cu_seqlens_q)
+            x = x + a.reshape(T, H * hd).to(x.dtype) @ blk.wo
+            h = _rms(x, blk.mlp_norm, cfg.norm_eps)
+            x = x + (F.silu(h @ blk.w_gate) * (h @ blk.w_up)) @ blk.w_down
+        if logits_idx is not None:
+            x = x[logits_idx]
+        return _rms(x, self.norm, cfg.norm_eps) @ self.lm_head
+
+
+def torch_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q):
+    """Paged varlen attention in plain torch (gather each sequence, SDPA): the kernels' torch baseline.
+
+    Reads the lengths on the host, so it cannot go in a CUDA graph; the Triton kernels can.
+    """
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    cu, lens = cu_seqlens_q.tolist(), context_lens.tolist()
+    for s, n in enumerate(lens):
+        lo, hi = cu[s], cu[s + 1]
+        pos = torch.arange(n, device=q.device)
+        phys = block_tables[s].long()[pos // bs]
+        k, v = k_cache[phys, pos % bs], v_cache[phys, pos % bs]          # (n, Hkv, D)
+        o = sdpa_attention(q[lo:hi].transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                           causal=True)
+        out[lo:hi] = o[0].transpose(0, 1)
+    return out
+
+
 class TorchRunner:
     """Adapts a TorchModel to the NumPy-in, NumPy-out interface the decoders use.
 

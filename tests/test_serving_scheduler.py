@@ -33,7 +33,7 @@ def traces(draw):
 
 def serve(engine, reqs, check):
     """Add requests at their arrival steps; call check(batch) on every step; return request ids in order."""
-    ids, step, pending = [], 0, sorted(range(len(reqs)), key=lambda i: reqs[i][2])
+    step, pending = 0, sorted(range(len(reqs)), key=lambda i: reqs[i][2])
     sched = engine.scheduler
     orig = sched.schedule
 

@@ -1,0 +1,84 @@
+"""The torch runner under the same scheduler: identical greedy tokens in fp32, device sampling = NumPy's."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from minillm.decode import cached_decode  # noqa: E402
+from minillm.sampling import counter_uniform as np_uniform  # noqa: E402
+from minillm.sampling import sample_batch  # noqa: E402
+from minillm.serving import LLMEngine, SamplingParams, SchedulerConfig  # noqa: E402
+from minillm.serving.torch_runner import TorchRunner, counter_uniform, sample_on_device  # noqa: E402
+
+from .test_serving_engine import random_trace, run_with_arrivals  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+
+
+def engine(model, attention, dtype=torch.float32, num_blocks=9, block_size=8, device=None, **sched):
+    runner = TorchRunner(model, num_blocks, block_size, device=device, dtype=dtype, attention=attention)
+    cfg = model.config
+    return LLMEngine(runner, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size,
+                     SchedulerConfig(max_num_seqs=4, **sched), eos_token_id=None)
+
+
+def test_counter_uniform_on_device_equals_numpy():
+    seed, step = np.array([0, 7, 2**31 - 1, 123456]), np.array([0, 1, 99, 2**20])
+    np.testing.assert_array_equal(counter_uniform(torch.from_numpy(seed), torch.from_numpy(step), 300).numpy(),
+                                  np_uniform(seed, step, 300))
+
+
+def test_sample_on_device_picks_what_numpy_picks(rng):
+    logits = rng.normal(size=(6, 50)) * 3
+    t = np.array([0.0, 1.0, 0.7, 1.3, 0.5, 2.0])
+    k = np.array([0, 0, 5, 10, 1, 0])
+    p = np.array([1.0, 0.9, 1.0, 0.5, 1.0, 0.3])
+    for step in range(20):
+        seed, st = np.arange(6) + 11, np.full(6, step)
+        want = sample_batch(logits, t, k, p, seed, st)
+        got = sample_on_device(*(torch.from_numpy(a) for a in (logits, t, k, p, seed, st)))
+        assert got.tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_torch_runner_greedy_tokens_equal_cached_decode_fp32(small_model, attention):
+    """Preempting pool, chunked prefill, prefix sharing: the fp32 torch path gives cached_decode's tokens."""
+    pytest.importorskip("minillm.kernels.paged_prefill") if attention == "triton" else None
+    prompts, outs, arrivals = random_trace(11, n=5)
+    eng = engine(small_model, attention, max_prefill_chunk=7, max_num_batched_tokens=16)
+    got = run_with_arrivals(eng, prompts, [SamplingParams(max_tokens=o, ignore_eos=True) for o in outs], arrivals)
+    for p, o, g in zip(prompts, outs, got):
+        assert g.token_ids == cached_decode(small_model, p, o).new_tokens
+    assert eng.scheduler.num_preemptions > 0
+
+
+@pytest.mark.gpu
+def test_torch_runner_cuda_graphs_fp32_match_and_bf16_logits_close(tiny_model):
+    """On the GPU: fp32 with CUDA-graph decode steps gives cached_decode's tokens; bf16 logits stay within
+    0.15 (max abs, logits of order 10) of the fp32 ones on the same schedule."""
+    from minillm.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    prompts = [tok.encode(s) for s in ("import os\n", "def main(argv):\n", "class Foo(Bar):\n    def ", "#")]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    e32 = engine(tiny_model, "triton", num_blocks=64, block_size=16, max_num_batched_tokens=64)
+    outs = e32.generate(prompts, params, progress=False)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == cached_decode(tiny_model, p, 48).new_tokens
+    assert e32.runner._graphs, "decode steps should have run from CUDA graphs"
+    # bf16, teacher-forced: both engines run the same schedule and the bf16 one is fed the fp32 tokens,
+    # so each step's logits are compared on identical inputs
+    e16 = engine(tiny_model, "triton", dtype=torch.bfloat16, num_blocks=64, block_size=16, max_num_batched_tokens=64)
+    e32 = engine(tiny_model, "triton", num_blocks=64, block_size=16, max_num_batched_tokens=64)
+    for e in (e16, e32):
+        for p in prompts:
+            e.add_request(p, params)
+    last = {}
+    run32, run16 = e32.runner.execute, e16.runner.execute
+    e32.runner.execute = lambda b: last.update(t=run32(b)) or last["t"]
+    e16.runner.execute = lambda b: (run16(b), last["t"])[1]
+    worst = 0.0
+    while e32.has_unfinished():
+        e32.step()
+        e16.step()
+        worst = max(worst, (e16.runner.last_logits.float() - e32.runner.last_logits.float()).abs().max().item())
+    assert worst < 0.15, worst
