@@ -131,3 +131,18 @@ def test_scheduler_decodes_first_then_chunked_prefill_fills_the_budget():
     batch = sched.schedule()
     assert list(batch.num_new) == [1, 9] and list(batch.sample) == [True, False]
     assert list(batch.positions) == [3] + list(range(9)) and list(batch.cu_seqlens_q) == [0, 1, 10]
+
+
+def test_scheduler_static_batching_admits_only_after_the_whole_batch_finished():
+    runner = SimulatedRunner()
+    eng = LLMEngine(runner, 64, 4, MAX_LEN, 6, SchedulerConfig(max_num_seqs=2, static_batching=True))
+    ids = [eng.add_request([1, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True)) for n in (2, 9, 3, 3)]
+    eng.run()
+    out = [eng.output(i) for i in ids]
+    # requests 2 and 3 start only once both of the first batch are done (the short one's slot idles)
+    assert out[2].first_token_time > out[1].finish_time and out[3].first_token_time > out[1].finish_time
+    assert runner.batch_sizes[:9] == [2, 2, 1, 1, 1, 1, 1, 1, 1]
+    cont = LLMEngine(SimulatedRunner(), 64, 4, MAX_LEN, 6, SchedulerConfig(max_num_seqs=2))
+    ids = [cont.add_request([1, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True)) for n in (2, 9, 3, 3)]
+    cont.run()
+    assert cont.output(ids[2]).first_token_time < cont.output(ids[1]).finish_time   # continuous refills the slot

@@ -32,6 +32,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_prefill_chunk: int | None = None     # prompt tokens one sequence may compute per step (None: budget)
     enable_chunked_prefill: bool = True      # False: a prompt is prefilled in one step or waits
+    static_batching: bool = False            # the baseline: admit a batch of up to max_num_seqs only when the
+                                             # previous batch has entirely finished (no refill of free slots)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens"):
@@ -54,6 +56,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_steps = 0
+        self._static_quota = 0                   # static batching: admissions left in the current batch
 
     # -- admission ---------------------------------------------------------------------------------------
     def check_fits(self, seq: Sequence) -> None:
@@ -95,6 +98,8 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+        if self.config.static_batching:
+            self._static_quota += 1             # it rejoins the current batch
 
     def schedule(self) -> StepBatch | None:
         """Pick this step's sequences and token counts, and give them blocks. None when there is no work."""
@@ -114,7 +119,13 @@ class Scheduler:
                 chosen.append((seq, n))
                 budget -= n
                 i += 1
+        static = self.config.static_batching
+        if static and not self.running and not self._static_quota:
+            # the last batch is done: the next one is whoever is waiting now, up to max_num_seqs
+            self._static_quota = min(self.config.max_num_seqs, len(self.waiting))
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if static and not self._static_quota:
+                break
             seq = self.waiting[0]
             if not seq.block_table:
                 seq.num_computed = self.bm.match_prefix(seq)
@@ -130,6 +141,8 @@ class Scheduler:
             self.waiting.popleft()
             seq.status, seq.admitted = SequenceStatus.RUNNING, True
             self.running.append(seq)
+            if static:
+                self._static_quota -= 1
             chosen.append((seq, n))
             budget -= n
         if not chosen:

@@ -31,7 +31,8 @@ class Request:
     output_len: int
 
 
-def chat_trace(n_requests: int, seed: int = 0, max_context: int = 4096) -> list[Request]:
+def chat_trace(n_requests: int, seed: int = 0, max_context: int = 4096, prompt_median: float = PROMPT_MEDIAN,
+               output_median: float = OUTPUT_MEDIAN) -> list[Request]:
     """``n_requests`` chat-like requests in arrival order, each fitting in ``max_context`` tokens.
 
     All of them are queued at time 0 (an offline backlog), so the serving loop
@@ -41,8 +42,8 @@ def chat_trace(n_requests: int, seed: int = 0, max_context: int = 4096) -> list[
     n = _check_count("n_requests", n_requests)
     max_context = _check_count("max_context", max_context, 2)
     rng = np.random.default_rng(seed)
-    prompt = np.clip(np.rint(rng.lognormal(math.log(PROMPT_MEDIAN), PROMPT_SIGMA, n)), 1, max_context - 1)
-    output = np.rint(rng.lognormal(math.log(OUTPUT_MEDIAN), OUTPUT_SIGMA, n))
+    prompt = np.clip(np.rint(rng.lognormal(math.log(prompt_median), PROMPT_SIGMA, n)), 1, max_context - 1)
+    output = np.rint(rng.lognormal(math.log(output_median), OUTPUT_SIGMA, n))
     output = np.clip(output, 1, max_context - prompt)
     return [Request(i, int(p), int(o)) for i, (p, o) in enumerate(zip(prompt, output))]
 
