@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402
 from minillm.kernels.paged_attention import paged_attention  # noqa: E402
+from minillm.kernels.paged_prefill import paged_varlen_attention  # noqa: E402
 from minillm.kernels.softmax import softmax  # noqa: E402
 
 CASES = [  # (name, B, Hq, Hkv, Nq, Nk, D, causal)
@@ -53,6 +54,18 @@ def run(device):
         kc, vc = (torch.randn(3 * 19, 16, 2, 128, generator=g).to(dtype) for _ in range(2))
         o = paged_attention(*(t.to(device) for t in (q, kc, vc, table, lens)), num_splits=3)
         out[f"paged/{str(dtype)[6:]}"] = o.float().cpu().numpy()
+    # a ragged batch: decodes, a whole-prompt chunk, chunks starting on a block boundary (100 - 20 = 80)
+    # and inside a block (57 - 30 = 27); GQA 4, 16-token blocks
+    g = torch.Generator().manual_seed(12)
+    ctx = torch.tensor([300, 45, 17, 100, 57], dtype=torch.int32)
+    qlens = torch.tensor([1, 45, 1, 20, 30], dtype=torch.int32)
+    cu = torch.cat([torch.zeros(1, dtype=torch.int32), qlens.cumsum(0).to(torch.int32)])
+    for dtype in (torch.float32, torch.float16):
+        q = torch.randn(int(cu[-1]), 8, 128, generator=g).to(dtype)
+        kc, vc = (torch.randn(5 * 19, 16, 2, 128, generator=g).to(dtype) for _ in range(2))
+        tables = torch.randperm(5 * 19, generator=g).to(torch.int32).view(5, 19)
+        o = paged_varlen_attention(*(t.to(device) for t in (q, kc, vc, tables, ctx, cu)))
+        out[f"paged_prefill/{str(dtype)[6:]}"] = o.float().cpu().numpy()
     return out
 
 
