@@ -5,6 +5,8 @@
 #   Then:        run(command="bash benchmarks/gpu_session.sh validate", carry=[".whl"])
 #                run(command="bash benchmarks/gpu_session.sh bench")
 #                run(command="bash benchmarks/gpu_session.sh tests")
+#                run(command="bash benchmarks/gpu_session.sh serving-tiny")   # chapter 8
+#                run(command="bash benchmarks/gpu_session.sh serving-1b")
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -49,4 +51,14 @@ tests)  # leg 3 again after retuning: the compiled kernels against the reference
   timeout 420 python3 -m pytest -v -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_paged_cache.py \
     tests/test_kernels_flash_attention.py tests/test_kernels_softmax.py tests/test_torch_model.py > "$OUT/kernel_tests.txt" 2>&1
   tail -3 "$OUT/kernel_tests.txt" ;;
+serving-tiny)  # chapter 8: GPU serving tests, then the serving benchmark on the tiny model
+  timeout 200 python3 -m pytest -v -p no:cacheprovider tests/test_serving_torch_runner.py tests/test_kernels_paged_prefill.py \
+    tests/test_serving_engine.py > "$OUT/serving_tests.txt" 2>&1
+  tail -3 "$OUT/serving_tests.txt"
+  timeout 330 python3 benchmarks/serving_bench.py --models tiny --out "$OUT/serving_tiny_h200.json" > "$OUT/serving_tiny_h200.txt" 2>&1
+  tail -8 "$OUT/serving_tiny_h200.txt" ;;
+serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model (random bf16 weights)
+  timeout 560 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
+    > "$OUT/serving_1b_h200.txt" 2>&1
+  tail -8 "$OUT/serving_1b_h200.txt" ;;
 esac
