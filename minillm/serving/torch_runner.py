@@ -70,7 +70,7 @@ class TorchRunner:
         self.dtype = dtype
         if not isinstance(model, TorchModel):
             model = TorchModel.from_numpy(model.config, model.params)
-        self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.model = model.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
         cfg = self.config = model.config
         self.block_size, self.num_blocks = int(block_size), int(num_blocks)
         shape = (cfg.n_layers, self.num_blocks + 1, self.block_size, cfg.n_kv_heads, cfg.d_head)
@@ -134,6 +134,7 @@ class TorchRunner:
         self._graphs[n] = (g, st, out)
         return self._graphs[n]
 
+    @torch.inference_mode()
     def capture_graphs(self, max_batch: int) -> None:
         """Capture every padded decode size up to ``max_batch`` (largest first, so they share one pool)."""
         for n in sorted((b for b in self.graph_sizes if b <= max_batch), reverse=True):
@@ -162,7 +163,10 @@ class TorchRunner:
             logits = self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
                                                logits_idx=(cu[1:] - 1).long())
         self.last_logits = logits
-        tokens = sample_on_device(logits, *self._sampling(batch))
+        if all(s.params.greedy for s in batch.seqs):
+            tokens = logits.argmax(dim=1)          # the common case: no sort over the vocabulary
+        else:
+            tokens = sample_on_device(logits, *self._sampling(batch))
         return tokens.cpu().numpy()
 
     def now(self) -> float:
