@@ -57,6 +57,16 @@ serving-tiny)  # chapter 8: GPU serving tests, then the serving benchmark on the
   tail -3 "$OUT/serving_tests.txt"
   timeout 330 python3 benchmarks/serving_bench.py --models tiny --out "$OUT/serving_tiny_h200.json" > "$OUT/serving_tiny_h200.txt" 2>&1
   tail -8 "$OUT/serving_tiny_h200.txt" ;;
+serving-all)  # both in one device command: tests, tiny, then the 1B shape
+  timeout 120 python3 -m pytest -v -p no:cacheprovider -m gpu tests/test_serving_torch_runner.py tests/test_kernels_paged_prefill.py \
+    > "$OUT/serving_tests.txt" 2>&1
+  tail -3 "$OUT/serving_tests.txt"
+  timeout 150 python3 benchmarks/serving_bench.py --models tiny --hf-requests 64 --out "$OUT/serving_tiny_h200.json" \
+    > "$OUT/serving_tiny_h200.txt" 2>&1
+  tail -6 "$OUT/serving_tiny_h200.txt"
+  timeout 300 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
+    > "$OUT/serving_1b_h200.txt" 2>&1
+  tail -8 "$OUT/serving_1b_h200.txt" ;;
 serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model (random bf16 weights)
   timeout 560 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
     > "$OUT/serving_1b_h200.txt" 2>&1

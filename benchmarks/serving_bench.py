@@ -112,19 +112,22 @@ def run_engine(model: TorchModel, prompts, outs, arrivals, *, static: bool, max_
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, static_batching=static)
     eng = LLMEngine(runner, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched,
                     enable_prefix_caching=False)
-    if runner.use_graphs:
-        runner.capture_graphs(max_num_seqs)
+    t_cap = time.perf_counter()
+    runner.capture_graphs(max_num_seqs, budget)   # decode sizes and mixed-step token buckets, before timing
+    t_cap = time.perf_counter() - t_cap
     # warm up the prefill path (Triton compiles on first call) outside the measurement
     eng.generate([prompts[0][:50], prompts[1][:7]], SamplingParams(max_tokens=3, ignore_eos=True), progress=False)
     eng.requests.clear()
     steps0 = eng.scheduler.num_steps
     occupancy: list[int] = []
+    occupancy_mixed: list[bool] = []
     orig = eng.scheduler.schedule
 
     def spy():
         b = orig()
         if b is not None:
             occupancy.append(sum(s.is_decoding for s in b.seqs))
+            occupancy_mixed.append(b.num_tokens > len(b.seqs))
         return b
 
     eng.scheduler.schedule = spy
@@ -135,6 +138,7 @@ def run_engine(model: TorchModel, prompts, outs, arrivals, *, static: bool, max_
     steps = eng.scheduler.num_steps - steps0
     out |= {"policy": "static" if static else "continuous", "max_num_seqs": max_num_seqs,
             "max_num_batched_tokens": budget, "steps": steps, "cuda_graphs": runner.use_graphs,
+            "graph_capture_s": t_cap, "mixed_steps": int(sum(1 for o in occupancy_mixed if o)),
             # slot utilization: decoding sequences per step over the slots the batch could hold
             "slot_utilization": float(np.mean(occupancy)) / max_num_seqs if occupancy else float("nan"),
             "preemptions": eng.scheduler.num_preemptions}
@@ -298,6 +302,16 @@ def main():
             results["runs"].append(tag | r)
             print(name, "static", seqs, round(r["output_tok_per_s"]), "tok/s", flush=True)
             save()
+        if "roofline" in args.parts:
+            r = decode_roofline(model, device, dtype, 8 if args.smoke else 256)
+            results["runs"].append(tag | {"policy": "batch1_decode"} | r)
+            print(name, "b=1 decode", round(r["tok_per_s"]), "tok/s", flush=True)
+            save()
+        if "profile" in args.parts:
+            for graphs in (False, True):
+                r = profile_decode(model, device, dtype, graphs)
+                results["runs"].append(tag | {"policy": "profile_b1_decode"} | r)
+                save()
         if "hf" in args.parts:
             try:
                 k = 8 if args.smoke else args.hf_requests
@@ -311,16 +325,6 @@ def main():
                 save()
             except ImportError as e:
                 results["runs"].append(tag | {"policy": "hf_generate_static", "skipped": str(e)})
-        if "roofline" in args.parts:
-            r = decode_roofline(model, device, dtype, 8 if args.smoke else 256)
-            results["runs"].append(tag | {"policy": "batch1_decode"} | r)
-            print(name, "b=1 decode", round(r["tok_per_s"]), "tok/s", flush=True)
-            save()
-        if "profile" in args.parts:
-            for graphs in (False, True):
-                r = profile_decode(model, device, dtype, graphs)
-                results["runs"].append(tag | {"policy": "profile_b1_decode"} | r)
-                save()
         del model
     save()
 

@@ -89,7 +89,10 @@ class TorchRunner:
             raise ValueError(f"attention must be 'triton' or 'torch', got {attention!r}")
         self.use_graphs = cuda_graphs and self.device.type == "cuda" and attention == "triton"
         self.graph_sizes = [b for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256) if b <= max_graph_batch]
-        self._graphs: dict[int, tuple] = {}
+        self._graphs: dict[tuple, tuple] = {}
+        self._graph_pool = None
+        self.mixed_seqs = 0
+        self.mixed_buckets: list[int] = []
         self.last_logits: torch.Tensor | None = None
         self.step_times: list[float] = []
 
@@ -107,54 +110,108 @@ class TorchRunner:
         return (torch.from_numpy(t).to(dev), torch.from_numpy(k).to(dev), torch.from_numpy(p).to(dev),
                 torch.from_numpy(seed).to(dev), torch.from_numpy(step).to(dev))
 
-    # -- CUDA graphs for decode steps ----------------------------------------------------------------------
-    def _graph(self, n: int):
-        """The graph for a padded decode batch of n rows, with its static input and output tensors."""
-        if n in self._graphs:
-            return self._graphs[n]
+    # -- CUDA graphs ---------------------------------------------------------------------------------------
+    # Decode-only steps replay a graph per padded batch size (the split-K decode kernel). Steps with prefill
+    # chunks replay a graph per padded token count: the batch is padded to ``mixed_seqs`` sequences and a
+    # bucket of tokens, the extra rows write to the spare block and their outputs are dropped, and the varlen
+    # kernel's grid depends only on those two sizes, so one graph serves every step that fits its bucket.
+    def _static(self, n_tok: int, n_seq: int) -> dict:
         dev = self.device
-        st = dict(ids=torch.zeros(n, dtype=torch.long, device=dev),
-                  pos=torch.zeros(n, dtype=torch.long, device=dev),
-                  slots=torch.full((n,), self.trash_slot, dtype=torch.long, device=dev),
-                  tables=torch.full((n, self.max_blocks), self.num_blocks, dtype=torch.int32, device=dev),
-                  lens=torch.ones(n, dtype=torch.int32, device=dev),
-                  cu=torch.arange(n + 1, dtype=torch.int32, device=dev))
-        run = lambda: self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"],  # noqa: E731
-                                                st["cu"], self.k_pool, self.v_pool, self._decode)
+        return dict(ids=torch.zeros(n_tok, dtype=torch.long, device=dev),
+                    pos=torch.zeros(n_tok, dtype=torch.long, device=dev),
+                    slots=torch.full((n_tok,), self.trash_slot, dtype=torch.long, device=dev),
+                    tables=torch.full((n_seq, self.max_blocks), self.num_blocks, dtype=torch.int32, device=dev),
+                    lens=torch.ones(n_seq, dtype=torch.int32, device=dev),
+                    cu=torch.arange(n_seq + 1, dtype=torch.int32, device=dev),
+                    last=torch.arange(n_seq, dtype=torch.long, device=dev))
+
+    def _forward_static(self, st: dict, attn):
+        return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
+                                         self.k_pool, self.v_pool, attn, logits_idx=st["last"])
+
+    def _fill(self, st: dict, batch: StepBatch) -> int:
+        """Copy a step into padded static buffers; padding sequences take 1 token each, the last takes the rest."""
+        S, T = len(batch.seqs), batch.num_tokens
+        n_tok, n_seq = st["ids"].shape[0], st["lens"].shape[0]
+        ids, pos, slots, tables, lens, cu = self._tensors(batch)
+        st["ids"][:T].copy_(ids)
+        st["pos"][:T].copy_(pos)
+        st["pos"][T:].zero_()
+        st["slots"][:T].copy_(slots)
+        st["slots"][T:].fill_(self.trash_slot)
+        st["tables"][:S, :tables.shape[1]].copy_(tables)
+        st["tables"][S:].fill_(self.num_blocks)
+        pad_q = np.ones(n_seq - S, np.int64)
+        if n_seq > S:
+            pad_q[-1] = n_tok - T - (n_seq - S - 1)
+        qlens = np.concatenate([batch.num_new, pad_q])
+        cu_h = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+        lens_h = np.concatenate([batch.context_lens, pad_q]).astype(np.int32)
+        st["cu"].copy_(torch.from_numpy(cu_h))
+        st["lens"].copy_(torch.from_numpy(lens_h))
+        st["last"].copy_(torch.from_numpy(cu_h[1:].astype(np.int64) - 1))
+        return S
+
+    def _capture(self, key, n_tok: int, n_seq: int, attn):
+        dev = self.device
+        st = self._static(n_tok, n_seq)
         s = torch.cuda.Stream(device=dev)
         s.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(s):
             for _ in range(2):          # compile the kernels and warm up outside the capture
-                run()
+                self._forward_static(st, attn)
         torch.cuda.current_stream(dev).wait_stream(s)
         g = torch.cuda.CUDAGraph()
-        pool = next(iter(self._graphs.values()))[0].pool() if self._graphs else None
-        with torch.cuda.graph(g, pool=pool):
-            out = run()
-        self._graphs[n] = (g, st, out)
-        return self._graphs[n]
+        with torch.cuda.graph(g, pool=self._graph_pool):
+            out = self._forward_static(st, attn)
+        self._graph_pool = g.pool()
+        self._graphs[key] = (g, st, out)
+        return self._graphs[key]
+
+    def _decode_graph(self, n: int):
+        return self._graphs.get(("decode", n)) or self._capture(("decode", n), n, n, self._decode)
+
+    def _mixed_graph(self, n_tok: int):
+        return self._graphs.get(("mixed", n_tok)) or self._capture(("mixed", n_tok), n_tok, self.mixed_seqs,
+                                                                    self._varlen)
+
+    def token_buckets(self, max_tokens: int) -> list[int]:
+        """Padded token counts for mixed steps: powers of two and their midpoints, up to max_tokens."""
+        out, b = [], 16
+        while not out or out[-1] < max_tokens:
+            out += [b, b + b // 2]
+            b *= 2
+        return [x for x in out if x < max_tokens] + [max_tokens]
 
     @torch.inference_mode()
-    def capture_graphs(self, max_batch: int) -> None:
-        """Capture every padded decode size up to ``max_batch`` (largest first, so they share one pool)."""
-        for n in sorted((b for b in self.graph_sizes if b <= max_batch), reverse=True):
-            self._graph(n)
+    def capture_graphs(self, max_num_seqs: int, max_num_batched_tokens: int | None = None) -> None:
+        """Capture every decode size up to ``max_num_seqs`` and, with a token budget, every mixed-step bucket
+        (largest first, so all graphs share one memory pool)."""
+        if not self.use_graphs:
+            return
+        self.mixed_seqs = max_num_seqs
+        if max_num_batched_tokens is not None:
+            self.mixed_buckets = self.token_buckets(max_num_batched_tokens + max_num_seqs)
+            for n in sorted(self.mixed_buckets, reverse=True):
+                self._mixed_graph(n)
+        for n in sorted((b for b in self.graph_sizes if b <= max_num_seqs), reverse=True):
+            self._decode_graph(n)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> np.ndarray:
-        S = len(batch.seqs)
-        decode_only = batch.num_tokens == S
+        S, T = len(batch.seqs), batch.num_tokens
+        decode_only = T == S
+        graph = None
         if self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
-            n = next(b for b in self.graph_sizes if b >= S)
-            g, st, out = self._graph(n)
-            ids, pos, slots, tables, lens, _ = self._tensors(batch)
-            st["ids"][:S].copy_(ids)
-            st["pos"][:S].copy_(pos)
-            st["slots"][:S].copy_(slots)
-            st["slots"][S:].fill_(self.trash_slot)
-            st["tables"][:S, :tables.shape[1]].copy_(tables)
-            st["lens"][:S].copy_(lens)
-            st["lens"][S:].fill_(1)
+            graph = self._decode_graph(next(b for b in self.graph_sizes if b >= S))
+        elif self.use_graphs and self.mixed_buckets and S <= self.mixed_seqs:
+            need = T + self.mixed_seqs - S
+            n_tok = next((b for b in self.mixed_buckets if b >= need), None)
+            if n_tok is not None:
+                graph = self._mixed_graph(n_tok)
+        if graph is not None:
+            g, st, out = graph
+            self._fill(st, batch)
             g.replay()
             logits = out[:S]
         else:
@@ -168,6 +225,16 @@ class TorchRunner:
         else:
             tokens = sample_on_device(logits, *self._sampling(batch))
         return tokens.cpu().numpy()
+
+    @torch.inference_mode()
+    def execute_padded(self, batch: StepBatch, n_tok: int, n_seq: int) -> np.ndarray:
+        """The graph path's padding without a graph (eager, any device): for testing the padding on CPU."""
+        st = self._static(n_tok, n_seq)
+        S = self._fill(st, batch)
+        attn = self._decode if batch.num_tokens == S and n_tok == n_seq else self._varlen
+        logits = self._forward_static(st, attn)[:S]
+        self.last_logits = logits
+        return logits.argmax(dim=1).cpu().numpy()
 
     def now(self) -> float:
         return time.perf_counter()
