@@ -191,7 +191,9 @@ class TorchRunner:
             return
         self.mixed_seqs = max_num_seqs
         if max_num_batched_tokens is not None:
-            self.mixed_buckets = self.token_buckets(max_num_batched_tokens + max_num_seqs)
+            # a mixed step has at least one sequence with 2+ tokens, so it pads to more than max_num_seqs tokens
+            self.mixed_buckets = [b for b in self.token_buckets(max_num_batched_tokens + max_num_seqs)
+                                  if b > max_num_seqs]
             for n in sorted(self.mixed_buckets, reverse=True):
                 self._mixed_graph(n)
         for n in sorted((b for b in self.graph_sizes if b <= max_num_seqs), reverse=True):
