@@ -6,9 +6,13 @@ the notebooks run unchanged everywhere.
 """
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import numpy as np
+
+_PACKAGE = Path(__file__).resolve().parent
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -35,3 +39,22 @@ def median_seconds(fn, repeats: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
+
+
+def result_path(name: str) -> Path:
+    """A recorded GPU results file: ``benchmarks/results/<name>`` in a checkout, else the copy the package
+    ships in ``minillm/results/`` (a test keeps the two identical). No path relative to the notebook."""
+    for folder in (_PACKAGE.parent / "benchmarks" / "results", _PACKAGE / "results"):
+        if (folder / name).exists():
+            return folder / name
+    raise FileNotFoundError(f"no recorded result {name!r} in a checkout's benchmarks/results or in the package")
+
+
+def load_result(name: str) -> dict:
+    return json.loads(result_path(name).read_text())
+
+
+def benchmark_script(name: str) -> Path | None:
+    """``benchmarks/<name>`` when running from a checkout (the scripts are not in the installed package)."""
+    path = _PACKAGE.parent / "benchmarks" / name
+    return path if path.exists() else None

@@ -29,3 +29,18 @@ def test_glue_without_myst_nb_is_silent(monkeypatch):
 def test_median_seconds_rejects_no_repeats(bad):
     with pytest.raises(ValueError):
         median_seconds(lambda: None, repeats=bad)
+
+
+def test_result_path_finds_recorded_results_and_the_shipped_copy_matches():
+    from pathlib import Path
+
+    from minillm.book import load_result, result_path
+
+    shipped = Path(__import__("minillm").__file__).parent / "results"
+    for f in shipped.glob("*.json"):
+        recorded = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / f.name
+        assert recorded.read_bytes() == f.read_bytes(), f"{f.name}: the package copy differs from benchmarks/results"
+    assert load_result("serving_h200.json")["meta"]["gpu"]
+    assert result_path("serving_h200.json").exists()
+    with pytest.raises(FileNotFoundError):
+        result_path("nope.json")
