@@ -81,3 +81,31 @@ def test_simulate_contiguous_rejects_unknown_strategy_and_oversized_pool_needs(t
         simulate_contiguous(trace, POOL, "best_fit", max_context=CTX)
     with pytest.raises(ValueError, match="cannot fit"):
         simulate_contiguous(trace, CTX - 1, "reserve_max", max_context=CTX)
+
+
+@pytest.mark.parametrize("strategy", ["grow_copy", "paged"])
+def test_study_runs_on_the_serving_scheduler(trace, results, strategy):
+    """The study's numbers are the engine's: a direct LLMEngine + SimulatedRunner run of the same trace, with
+    the same memory manager, takes as many steps and preempts as often (and copies as much)."""
+    from minillm.serving import (BlockManager, ContiguousManager, LLMEngine, SamplingParams, SchedulerConfig,
+                                 SimulatedRunner)
+
+    if strategy == "paged":
+        mgr = BlockManager(POOL // 16, 16, enable_prefix_caching=False)
+    else:
+        mgr = ContiguousManager(POOL, strategy, max_context=CTX)
+    runner = SimulatedRunner()
+    cfg = SchedulerConfig(max_num_seqs=len(trace), max_num_batched_tokens=POOL + len(trace))
+    eng = LLMEngine(runner, mgr.num_blocks, mgr.block_size, CTX, 100, cfg, block_manager=mgr)
+    rng = np.random.default_rng(0)
+    for r in trace:
+        eng.add_request(rng.integers(0, 100, r.prompt_len), SamplingParams(max_tokens=r.output_len, ignore_eos=True))
+    eng.run()
+    got = results[strategy]
+    assert got.steps == runner.steps == eng.scheduler.num_steps
+    assert got.preemptions == eng.scheduler.num_preemptions > 0
+    assert got.tokens_copied == getattr(mgr, "tokens_copied", 0)
+    # a readmission prefills what was thrown away plus the token it would have decoded next
+    extra_prefill = runner.prefill_tokens - sum(r.prompt_len for r in trace)
+    assert got.recomputed_tokens == extra_prefill - got.preemptions > 0
+    assert got.max_concurrent == max(runner.batch_sizes)

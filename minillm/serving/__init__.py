@@ -2,6 +2,7 @@
 
 * :mod:`.sequence` -- ``SamplingParams`` and ``Sequence`` (a request's tokens, blocks and timings)
 * :mod:`.block_manager` -- block ids and prefix hashes; no tensors
+* :mod:`.contiguous` -- ``ContiguousManager``: one range per sequence, first fit (chapter 7's baseline)
 * :mod:`.batch` -- ``StepBatch``: one step's ragged metadata (positions, slot mapping, block tables, cu_seqlens)
 * :mod:`.scheduler` -- token budget, chunked prefill, preemption by recompute, FCFS admission
 * :mod:`.runner` -- ``NumpyRunner`` (reference) and ``SimulatedRunner`` (counts only);
@@ -10,11 +11,12 @@
 """
 from .batch import StepBatch
 from .block_manager import BlockManager
+from .contiguous import ContiguousManager, FirstFitAllocator
 from .engine import LLM, LLMEngine, RequestOutput
 from .runner import NumpyRunner, SimulatedRunner, StepCost
 from .scheduler import RequestRejected, Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence, SequenceStatus
 
-__all__ = ["BlockManager", "LLM", "LLMEngine", "NumpyRunner", "RequestOutput", "RequestRejected",
-           "SamplingParams", "Scheduler", "SchedulerConfig", "Sequence", "SequenceStatus", "SimulatedRunner",
-           "StepBatch", "StepCost"]
+__all__ = ["BlockManager", "ContiguousManager", "FirstFitAllocator", "LLM", "LLMEngine", "NumpyRunner",
+           "RequestOutput", "RequestRejected", "SamplingParams", "Scheduler", "SchedulerConfig", "Sequence",
+           "SequenceStatus", "SimulatedRunner", "StepBatch", "StepCost"]

@@ -9,60 +9,89 @@ whether its last row's logits give it a new token (a prefill chunk in the middle
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .sequence import Sequence
 
 
-@dataclass
 class StepBatch:
+    """Built by :meth:`build`. ``seqs``, ``num_new``, ``context_lens``, ``cu_seqlens_q`` and ``sample`` are
+    computed at once; the per-token arrays (``input_ids``, ``positions``, ``slot_mapping``) and
+    ``block_tables`` on first access, from the tables as they were at build time -- a runner that only
+    counts (the simulated one) never pays for them."""
+
     seqs: list[Sequence]
     num_new: np.ndarray        # (S,) tokens per sequence this step
-    input_ids: np.ndarray      # (T,) int64
-    positions: np.ndarray      # (T,) int64
-    slot_mapping: np.ndarray   # (T,) int64
-    block_tables: np.ndarray   # (S, max_blocks) int32, padded with 0 (never read past context_lens)
     context_lens: np.ndarray   # (S,) int32, the new tokens included
     cu_seqlens_q: np.ndarray   # (S+1,) int32
     sample: np.ndarray         # (S,) bool
+    # input_ids (T,) int64, positions (T,) int64, slot_mapping (T,) int64,
+    # block_tables (S, max_blocks) int32 padded with 0 (never read past context_lens): lazy, see below
 
-    @classmethod
-    def build(cls, seqs: list[Sequence], num_new: list[int], block_size: int) -> "StepBatch":
+    def __init__(self, seqs: list[Sequence], num_new, block_size: int):
         if not seqs or len(seqs) != len(num_new):
             raise ValueError("a step needs at least one sequence and one count per sequence")
-        ids, pos, slots = [], [], []
+        starts, tables, sample, n_decode = [], [], [], 0
         for s, n in zip(seqs, num_new):
-            start = s.num_computed
-            if n < 1 or start + n > len(s):
-                raise ValueError(f"sequence {s.seq_id}: cannot compute tokens {start}..{start + n - 1} of {len(s)}")
-            p = np.arange(start, start + n)
-            table = np.asarray(s.block_table, np.int64)
+            start, total, table = s.num_computed, len(s), s.block_table
+            if n < 1 or start + n > total:
+                raise ValueError(f"sequence {s.seq_id}: cannot compute tokens {start}..{start + n - 1} of {total}")
             if len(table) * block_size < start + n:
                 raise ValueError(f"sequence {s.seq_id} has {len(table)} blocks for {start + n} tokens")
-            ids.extend(s.token(i) for i in range(start, start + n))
+            starts.append(start)
+            tables.append(table[:])             # a snapshot (a range slices to itself)
+            sample.append(start + n == total)
+            n_decode += total - start == 1 and bool(s.output)    # Sequence.is_decoding
+        self.seqs, self._block_size, self._starts, self._tables = list(seqs), block_size, starts, tables
+        self.num_new = np.asarray(num_new, np.int64)
+        self.context_lens = (np.asarray(starts, np.int64) + self.num_new).astype(np.int32)
+        self.cu_seqlens_q = np.concatenate([[0], np.cumsum(self.num_new)]).astype(np.int32)
+        self.sample = np.asarray(sample, bool)
+        self.num_tokens = int(self.cu_seqlens_q[-1])
+        self.num_decode_tokens = n_decode
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return (f"StepBatch({len(self.seqs)} sequences, {self.num_tokens} tokens, "
+                f"{self.num_decode_tokens} of them decodes)")
+
+    @classmethod
+    def build(cls, seqs: list[Sequence], num_new: list[int], block_size: int) -> StepBatch:
+        return cls(seqs, num_new, block_size)
+
+    def _build_arrays(self) -> dict[str, np.ndarray]:
+        bs, ids, pos, slots = self._block_size, [], [], []
+        for s, n, start, table in zip(self.seqs, self.num_new.tolist(), self._starts, self._tables):
+            p = np.arange(start, start + n)
+            ids.extend(s.token(i) for i in range(start, start + n))   # tokens are append-only: still valid
             pos.append(p)
-            slots.append(table[p // block_size] * block_size + p % block_size)
-        width = max(len(s.block_table) for s in seqs)
-        tables = np.zeros((len(seqs), width), np.int32)
-        for row, s in enumerate(seqs):
-            tables[row, :len(s.block_table)] = s.block_table
-        num_new = np.asarray(num_new, np.int64)
-        ctx = np.array([s.num_computed + n for s, n in zip(seqs, num_new)], np.int32)
-        return cls(seqs=list(seqs), num_new=num_new, input_ids=np.asarray(ids, np.int64),
-                   positions=np.concatenate(pos).astype(np.int64), slot_mapping=np.concatenate(slots),
-                   block_tables=tables, context_lens=ctx,
-                   cu_seqlens_q=np.concatenate([[0], np.cumsum(num_new)]).astype(np.int32),
-                   sample=np.array([s.num_computed + n == len(s) for s, n in zip(seqs, num_new)]))
+            slots.append(np.asarray(table, np.int64)[p // bs] * bs + p % bs)
+        tables = np.zeros((len(self.seqs), max(len(t) for t in self._tables)), np.int32)
+        for row, t in enumerate(self._tables):
+            tables[row, :len(t)] = t
+        return {"input_ids": np.asarray(ids, np.int64), "positions": np.concatenate(pos).astype(np.int64),
+                "slot_mapping": np.concatenate(slots), "block_tables": tables}
+
+    def _array(self, name: str) -> np.ndarray:
+        if self._arrays is None:
+            self._arrays = self._build_arrays()
+        return self._arrays[name]
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
+    def input_ids(self) -> np.ndarray:
+        return self._array("input_ids")
 
     @property
-    def num_decode_tokens(self) -> int:
-        return int(sum(1 for s in self.seqs if s.is_decoding))
+    def positions(self) -> np.ndarray:
+        return self._array("positions")
+
+    @property
+    def slot_mapping(self) -> np.ndarray:
+        return self._array("slot_mapping")
+
+    @property
+    def block_tables(self) -> np.ndarray:
+        return self._array("block_tables")
 
     @property
     def num_prefill_tokens(self) -> int:

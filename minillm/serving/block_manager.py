@@ -41,6 +41,10 @@ class BlockManager:
     def can_allocate(self, n_blocks: int) -> bool:
         return n_blocks <= self.allocator.num_free
 
+    def can_grow(self, seq: Sequence, n_tokens: int) -> bool:
+        """Can ``seq`` get slots for its first ``n_tokens`` tokens now? (Any free block will do.)"""
+        return self.blocks_needed(seq, n_tokens) <= self.allocator.num_free
+
     def _take(self) -> int:
         block = self.allocator.allocate()
         name = self._name.pop(block, None)     # handing out a cached free block evicts it

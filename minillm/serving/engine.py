@@ -63,9 +63,14 @@ class RequestOutput:
 class LLMEngine:
     def __init__(self, runner, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int,
                  scheduler_config: SchedulerConfig | None = None, enable_prefix_caching: bool = True,
-                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0):
+                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0, block_manager=None):
         self.runner = runner
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        if block_manager is None:
+            block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        elif (block_manager.num_blocks, block_manager.block_size) != (num_blocks, block_size):
+            raise ValueError(f"block_manager has {block_manager.num_blocks} blocks of {block_manager.block_size}, "
+                             f"the engine was told {num_blocks} of {block_size}")
+        self.block_manager = block_manager      # or another memory manager (chapter 7's ContiguousManager)
         self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len)
         self.vocab_size, self.eos_token_id, self.tokenizer = int(vocab_size), eos_token_id, tokenizer
         self.requests: dict[int, Sequence] = {}

@@ -11,6 +11,11 @@ preempted -- possibly the one asking -- by recompute: its blocks are freed, it g
 the waiting queue, and it later prefills prompt + output again. Its tokens are kept, so greedy decoding
 produces exactly what it would have without the interruption.
 
+The memory manager is pluggable: the paged :class:`BlockManager` by default, or chapter 7's
+:class:`~minillm.serving.contiguous.ContiguousManager` (one contiguous range per sequence). The scheduler
+only asks it ``can_grow(seq, n_tokens)`` -- can this sequence's memory be made to cover ``n_tokens`` tokens
+now? -- then ``allocate``, ``match_prefix``, ``register`` and ``free``.
+
 A request that could never fit (its prompt plus ``max_tokens`` need more blocks than the whole pool, or
 its positions would pass the model's ``max_seq_len``) is rejected when it is added, with a clear error;
 nothing else is touched.
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 from .batch import StepBatch
 from .block_manager import BlockManager
+from .contiguous import ContiguousManager
 from .sequence import Sequence, SequenceStatus
 
 
@@ -50,12 +56,15 @@ class RequestRejected(ValueError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, max_model_len: int):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager | ContiguousManager,
+                 max_model_len: int):
         self.config, self.bm, self.max_model_len = config, block_manager, int(max_model_len)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_steps = 0
+        self.memory_limited = False              # did memory limit the last schedule()? (a preemption, or the
+                                                 # head of the queue did not fit)
         self._static_quota = 0                   # static batching: admissions left in the current batch
 
     # -- admission ---------------------------------------------------------------------------------------
@@ -104,14 +113,16 @@ class Scheduler:
     def schedule(self) -> StepBatch | None:
         """Pick this step's sequences and token counts, and give them blocks. None when there is no work."""
         budget = self.config.max_num_batched_tokens
+        self.memory_limited = False
         chosen: list[tuple[Sequence, int]] = []
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq, budget)
-            while not self.bm.can_allocate(self.bm.blocks_needed(seq, seq.num_computed + n)):
+            while not self.bm.can_grow(seq, seq.num_computed + n):
                 victim = self.running.pop()     # the latest admitted; never one already chosen (those are < i)
                 self._preempt(victim)
+                self.memory_limited = True
                 if victim is seq:
                     break
             else:
@@ -133,9 +144,10 @@ class Scheduler:
                     seq.num_cached_prompt = seq.num_computed
             n = self._chunk(seq, budget)
             too_big = not self.config.enable_chunked_prefill and n < seq.num_pending
-            if too_big or not self.bm.can_allocate(self.bm.blocks_needed(seq, seq.num_computed + n)):
+            if too_big or not self.bm.can_grow(seq, seq.num_computed + n):
                 self.bm.free(seq)               # give back the prefix blocks; retry in a later step
                 seq.num_computed = 0
+                self.memory_limited = self.memory_limited or not too_big
                 break
             self.bm.allocate(seq, seq.num_computed + n)
             self.waiting.popleft()

@@ -75,7 +75,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed: int = 0               # tokens whose K/V is in the cache
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)   # a range(start, end) under ContiguousManager
     num_cached_prompt: int = 0          # prompt tokens found in the prefix cache at first admission
     num_preemptions: int = 0
     first_token_time: float | None = None

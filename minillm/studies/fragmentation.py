@@ -1,20 +1,25 @@
-"""Chapter 7: the fragmentation study -- one serving loop, several ways to hand out memory.
+"""Chapter 7: the fragmentation study -- one scheduler, several ways to hand out memory.
 
-``chat_trace`` makes synthetic chat requests; the loop serves them with
-contiguous strategies (``simulate_contiguous``, first fit over a linear address
-space) and with blocks (``simulate_paged``). They return numbers; the chapter
-compares them with the claims it quotes.
+``chat_trace`` makes synthetic chat requests. ``simulate_contiguous`` (one contiguous range per sequence,
+first fit over a linear address space) and ``simulate_paged`` (blocks) serve them on chapter 8's engine:
+the same :class:`~minillm.serving.Scheduler` with a different memory manager
+(:class:`~minillm.serving.ContiguousManager` or :class:`~minillm.serving.BlockManager`), and the
+:class:`~minillm.serving.SimulatedRunner`, which only counts. They return numbers; the chapter compares
+them with the claims it quotes.
 """
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ..paged.allocator import BlockAllocator, _ceil_div, _check_count
+from ..paged.allocator import _check_count
+from ..serving import (BlockManager, ContiguousManager, LLMEngine, RequestRejected, SamplingParams,
+                       SchedulerConfig, SimulatedRunner)
+from ..serving.contiguous import STRATEGIES as CONTIGUOUS_STRATEGIES
+from ..serving.contiguous import FirstFitAllocator  # noqa: F401  (re-exported: the chapter's allocator)
 
 
 # Synthetic chat trace. Lengths are log-normal (a few long prompts and answers, many short ones); medians
@@ -48,142 +53,20 @@ def chat_trace(n_requests: int, seed: int = 0, max_context: int = 4096, prompt_m
     return [Request(i, int(p), int(o)) for i, (p, o) in enumerate(zip(prompt, output))]
 
 
-class FirstFitAllocator:
-    """Contiguous ranges of a linear address space of ``capacity`` slots, first fit.
-
-    Holes are kept sorted by address and merged with their neighbours on free.
-    ``allocate`` returns None when no single hole is large enough, even if the
-    free slots add up to enough: that is external fragmentation.
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = _check_count("capacity", capacity)
-        self.holes: list[list[int]] = [[0, self.capacity]]   # [start, size], sorted by start
-        self.free_slots = self.capacity
-
-    def allocate(self, size: int) -> int | None:
-        for hole in self.holes:
-            if hole[1] >= size:
-                start = hole[0]
-                self._take(hole, size)
-                return start
-        return None
-
-    def _take(self, hole: list[int], n: int) -> None:
-        """Use the first ``n`` slots of ``hole``; drop the hole once it is empty."""
-        hole[0] += n
-        hole[1] -= n
-        if not hole[1]:
-            self.holes.remove(hole)
-        self.free_slots -= n
-
-    def try_extend(self, start: int, size: int, extra: int) -> bool:
-        """Grow the range [start, start+size) in place by ``extra`` slots if the hole right after it allows."""
-        for hole in self.holes:
-            if hole[0] == start + size and hole[1] >= extra:
-                self._take(hole, extra)
-                return True
-            if hole[0] > start + size:
-                break
-        return False
-
-    def free(self, start: int, size: int) -> None:
-        i = 0
-        while i < len(self.holes) and self.holes[i][0] < start:
-            i += 1
-        self.holes.insert(i, [start, size])
-        if i + 1 < len(self.holes) and start + size == self.holes[i + 1][0]:   # merge with the next hole
-            self.holes[i][1] += self.holes.pop(i + 1)[1]
-        if i > 0 and self.holes[i - 1][0] + self.holes[i - 1][1] == start:     # and with the previous one
-            self.holes[i - 1][1] += self.holes.pop(i)[1]
-        self.free_slots += size
-
-
-class _Seq:
-    """A request being served: ``length`` tokens in its cache so far, ``generated`` of them new."""
-
-    def __init__(self, req: Request):
-        self.req, self.length, self.generated = req, req.prompt_len, 0
-        self.start = self.capacity = 0   # contiguous strategies: its range
-        self.blocks: list[int] = []      # paged: its block table
-
-
-class _Contiguous:
-    """One range per sequence. The initial reservation is the strategy; growth doubles (up to max_context)."""
-
-    def __init__(self, pool_tokens: int, max_context: int, initial):
-        self.mem, self.max_context, self.initial = FirstFitAllocator(pool_tokens), max_context, initial
-        self.tokens_copied = 0
-
-    @property
-    def allocated(self) -> int:
-        return self.mem.capacity - self.mem.free_slots
-
-    def admit(self, s: _Seq) -> bool:
-        size = self.initial(s)
-        start = self.mem.allocate(size)
-        if start is None:
-            return False
-        s.start, s.capacity = start, size
-        return True
-
-    def grow(self, s: _Seq) -> bool:
-        """Make room for one more token. Extends in place when the next hole allows (the kindest version of
-        this baseline); otherwise allocates the new range while the old is still held, copies, frees the old."""
-        if s.length + 1 <= s.capacity:
-            return True
-        size = min(self.max_context, max(2 * s.capacity, s.length + 1))
-        if self.mem.try_extend(s.start, s.capacity, size - s.capacity):
-            s.capacity = size
-            return True
-        start = self.mem.allocate(size)
-        if start is None:
-            return False
-        self.tokens_copied += s.length
-        self.mem.free(s.start, s.capacity)
-        s.start, s.capacity = start, size
-        return True
-
-    def release(self, s: _Seq) -> None:
-        self.mem.free(s.start, s.capacity)
-        s.capacity = 0
-
-
-class _Paged:
-    def __init__(self, pool_tokens: int, block_size: int):
-        self.alloc = BlockAllocator(pool_tokens // block_size, block_size)
-        self.bs, self.tokens_copied = block_size, 0
-
-    @property
-    def allocated(self) -> int:
-        return self.alloc.num_used * self.bs
-
-    def admit(self, s: _Seq) -> bool:
-        need = _ceil_div(s.length + 1, self.bs)   # the prompt and the token this step writes
-        if need > self.alloc.num_free:
-            return False
-        s.blocks = [self.alloc.allocate() for _ in range(need)]
-        return True
-
-    def grow(self, s: _Seq) -> bool:
-        if s.length + 1 <= len(s.blocks) * self.bs:
-            return True
-        if not self.alloc.num_free:
-            return False
-        s.blocks.append(self.alloc.allocate())
-        return True
-
-    def release(self, s: _Seq) -> None:
-        for b in s.blocks:
-            self.alloc.free(b)
-        s.blocks = []
-
-
 @dataclass(frozen=True)
 class ServingStats:
+    """What serving a trace measured, read off the engine at every step.
+
+    A step is one engine step: every running sequence decodes one token and newly admitted (or
+    readmitted) sequences prefill and sample their first token, so each scheduled sequence gets one
+    token a step. Memory is measured when the step's tokens have their slots, before finished
+    sequences give theirs back; a live token is one whose K/V the step leaves in the cache (the token
+    sampled last is not one yet: the next step computes it).
+    """
+
     strategy: str
     pool_tokens: int
-    steps: int                      # decode steps to finish the trace; each running sequence writes 1 token a step
+    steps: int                      # engine steps to finish the trace; each scheduled sequence gets 1 token a step
     tokens_generated: int
     memory_bound_steps: int         # steps where memory was the limit: the queue's head did not fit, or a preemption
     memory_bound_tokens: int        # tokens generated during those steps
@@ -193,15 +76,15 @@ class ServingStats:
     idle_fraction_all_steps: float  # the same mean over every step, including the final drain
     reserved_unused_per_seq: float  # mean allocated-but-empty slots per running sequence
     max_reserved_unused_per_seq: float
-    tokens_copied: int              # K/V token slots copied by reallocation
+    tokens_copied: int              # K/V token slots copied by moving a sequence to a larger range
     preemptions: int                # sequences evicted (and later recomputed) because memory ran out
-    recomputed_tokens: int          # tokens prefilled again after preemption
+    recomputed_tokens: int          # tokens whose K/V a preemption threw away and a later prefill computed again
     max_concurrent: int
     mean_concurrent: float
 
     @property
     def tokens_per_step(self) -> float:
-        """Throughput proxy over the whole trace, taking a decode step's cost as independent of batch size
+        """Throughput proxy over the whole trace, taking a step's cost as independent of batch size
         (true while decode is memory-bound) and prefill as free. Dominated by the final drain on short traces:
         the last long answers finish alone."""
         return self.tokens_generated / self.steps
@@ -212,78 +95,89 @@ class ServingStats:
         return self.memory_bound_tokens / self.memory_bound_steps if self.memory_bound_steps else float("nan")
 
 
-def _serve(trace: Sequence[Request], mem, strategy: str, pool_tokens: int, max_running: int | None) -> ServingStats:
-    """Strict FCFS serving: admit from the head of the queue while memory allows; every running sequence writes
-    one token per step; a sequence that cannot grow preempts the youngest running one (recompute: it goes back
-    to the front of the queue and prefills its prompt plus what it had generated); finished sequences free."""
-    waiting = deque(_Seq(r) for r in trace)
-    running: list[_Seq] = []
-    steps = generated = preemptions = recomputed = max_conc = 0
-    conc_sum = idle_all = 0.0
-    bound_steps = bound_tokens = 0
-    idle_b = unused_b = free_b = 0.0
-    waste_sum, waste_max = 0.0, 0.0
-    while waiting or running:
-        bound = False   # did memory, rather than the queue or max_running, limit this step?
-        while waiting and (max_running is None or len(running) < max_running):
-            if not mem.admit(waiting[0]):
-                bound = True
-                break
-            running.append(waiting.popleft())
-        if not running:
-            raise ValueError(f"request {waiting[0].req.rid} ({waiting[0].length + 1} tokens) cannot fit in an "
-                             f"empty pool of {pool_tokens} slots under {strategy!r}")
-        i = 0
-        while i < len(running):
-            s = running[i]
-            if mem.grow(s):
-                s.length += 1
-                s.generated += 1
-                i += 1
-                continue
-            victim = running.pop()   # the youngest; s itself when s is the youngest
-            mem.release(victim)
-            waiting.appendleft(victim)
-            preemptions += 1
-            bound = True
-            recomputed += victim.length
-        # measure after this step's writes, before the finished sequences free their memory
-        live = sum(s.length for s in running)
-        allocated = mem.allocated
-        steps += 1
-        generated += len(running)
-        conc_sum += len(running)
-        max_conc = max(max_conc, len(running))
-        idle_all += 1 - live / pool_tokens
-        waste = (allocated - live) / len(running) if running else 0.0
-        waste_sum += waste
-        waste_max = max(waste_max, waste)
-        if bound:
-            bound_steps += 1
-            bound_tokens += len(running)
-            idle_b += 1 - live / pool_tokens
-            unused_b += (allocated - live) / pool_tokens
-            free_b += (pool_tokens - allocated) / pool_tokens
-        done = [s for s in running if s.generated >= s.req.output_len]
-        for s in done:
-            mem.release(s)
-        running = [s for s in running if s.generated < s.req.output_len]
-    nb = bound_steps or float("nan")   # never memory-bound (e.g. max_running was the limit): no idle memory to blame
-    return ServingStats(strategy=strategy, pool_tokens=pool_tokens, steps=steps, tokens_generated=generated,
-                        memory_bound_steps=bound_steps, memory_bound_tokens=bound_tokens,
-                        idle_fraction=idle_b / nb, reserved_unused_fraction=unused_b / nb, free_fraction=free_b / nb,
-                        idle_fraction_all_steps=idle_all / steps, reserved_unused_per_seq=waste_sum / steps,
-                        max_reserved_unused_per_seq=waste_max, tokens_copied=mem.tokens_copied,
-                        preemptions=preemptions, recomputed_tokens=recomputed, max_concurrent=max_conc,
-                        mean_concurrent=conc_sum / steps)
+class _MeasuringRunner:
+    """The counting runner, plus a look at memory before each step is "computed" (the engine calls
+    ``execute`` after the scheduler has given the step's tokens their slots, before it retires anything)."""
+
+    def __init__(self, manager, pool_tokens: int):
+        self.inner, self.mem, self.pool = SimulatedRunner(), manager, pool_tokens
+        self.scheduler = None                   # set once the engine exists
+        self.steps = self.generated = self.max_conc = self.conc_sum = 0
+        self.idle_all = self.waste_sum = self.waste_max = 0.0
+        self.bound_steps = self.bound_tokens = 0
+        self.idle_b = self.unused_b = self.free_b = 0.0
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def execute(self, batch):
+        running = len(batch.seqs)               # the budget is never the limit: every running sequence is here
+        live = int(batch.context_lens.sum())
+        allocated = (self.mem.num_blocks - self.mem.num_free) * self.mem.block_size
+        tokens = int(batch.sample.sum())
+        self.steps += 1
+        self.generated += tokens
+        self.conc_sum += running
+        self.max_conc = max(self.max_conc, running)
+        idle = 1 - live / self.pool
+        self.idle_all += idle
+        waste = (allocated - live) / running
+        self.waste_sum += waste
+        self.waste_max = max(self.waste_max, waste)
+        if self.scheduler.memory_limited:
+            self.bound_steps += 1
+            self.bound_tokens += tokens
+            self.idle_b += idle
+            self.unused_b += (allocated - live) / self.pool
+            self.free_b += (self.pool - allocated) / self.pool
+        return self.inner.execute(batch)
 
 
-CONTIGUOUS_STRATEGIES = ("reserve_max", "grow_copy", "guess")
+def _serve(trace: Sequence[Request], manager, strategy: str, pool_tokens: int, max_context: int,
+           max_running: int | None, seed: int = 0) -> ServingStats:
+    """Queue the whole trace on an engine with ``manager`` and the counting runner; run it; read the stats.
+
+    The scheduler is chapter 8's: running sequences first, then strict first-come-first-served admission
+    while memory allows; a sequence that cannot grow preempts the latest admitted one (recompute: it goes
+    back to the front of the queue and later prefills its prompt plus what it had generated). The token
+    budget is larger than any step can use and ``max_num_seqs`` is ``max_running`` (default: no cap), so
+    only memory limits a step. Prompts are random tokens (there is no prefix caching to find them).
+    """
+    runner = _MeasuringRunner(manager, pool_tokens)
+    cfg = SchedulerConfig(max_num_seqs=max_running or len(trace),
+                          max_num_batched_tokens=manager.num_blocks * manager.block_size + len(trace))
+    vocab = 32_000
+    eng = LLMEngine(runner, manager.num_blocks, manager.block_size, max_context, vocab, cfg,
+                    enable_prefix_caching=False, block_manager=manager)
+    runner.scheduler = eng.scheduler
+    rng = np.random.default_rng(seed)
+    for r in trace:
+        params = SamplingParams(max_tokens=r.output_len, ignore_eos=True)
+        try:
+            eng.add_request(rng.integers(0, vocab, r.prompt_len), params)
+        except RequestRejected as e:
+            raise ValueError(f"request {r.rid} ({r.prompt_len} + {r.output_len} tokens) cannot fit in an empty "
+                             f"pool of {pool_tokens} slots under {strategy!r}: {e}") from e
+    eng.run()
+    # without preemption each request computes prompt + output - 1 tokens (the last sampled one never runs)
+    recomputed = runner.inner.tokens - sum(r.prompt_len + r.output_len - 1 for r in trace)
+    steps = runner.steps
+    nb = runner.bound_steps or float("nan")   # never memory-bound (e.g. max_running was the limit)
+    return ServingStats(strategy=strategy, pool_tokens=pool_tokens, steps=steps, tokens_generated=runner.generated,
+                        memory_bound_steps=runner.bound_steps, memory_bound_tokens=runner.bound_tokens,
+                        idle_fraction=runner.idle_b / nb, reserved_unused_fraction=runner.unused_b / nb,
+                        free_fraction=runner.free_b / nb, idle_fraction_all_steps=runner.idle_all / steps,
+                        reserved_unused_per_seq=runner.waste_sum / steps,
+                        max_reserved_unused_per_seq=runner.waste_max,
+                        tokens_copied=getattr(manager, "tokens_copied", 0),
+                        preemptions=eng.scheduler.num_preemptions, recomputed_tokens=recomputed,
+                        max_concurrent=runner.max_conc, mean_concurrent=runner.conc_sum / steps)
 
 
 def simulate_contiguous(trace: Sequence[Request], pool_tokens: int, strategy: str, max_context: int = 4096,
                         guess_output: int | None = None, max_running: int | None = None) -> ServingStats:
-    """Serve ``trace`` with one contiguous range per sequence, first fit over ``pool_tokens`` slots.
+    """Serve ``trace`` with one contiguous range per sequence, first fit over ``pool_tokens`` slots
+    (:class:`~minillm.serving.ContiguousManager` under the serving scheduler).
 
     * ``reserve_max``: reserve ``max_context`` slots per sequence (the server
       cannot know the answer's length), never grow.
@@ -298,16 +192,18 @@ def simulate_contiguous(trace: Sequence[Request], pool_tokens: int, strategy: st
         raise ValueError(f"a request in the trace is longer than max_context={max_context}")
     if guess_output is None:
         guess_output = round(float(np.mean([r.output_len for r in trace])))
-    initial = {"reserve_max": lambda s: max_context,
-               "grow_copy": lambda s: s.length + 1,
-               "guess": lambda s: min(max_context, max(s.length + 1, s.req.prompt_len + guess_output))}[strategy]
-    return _serve(trace, _Contiguous(pool_tokens, max_context, initial), strategy, pool_tokens, max_running)
+    manager = ContiguousManager(pool_tokens, strategy, max_context, guess_output)
+    return _serve(trace, manager, strategy, pool_tokens, max_context, max_running)
 
 
 def simulate_paged(trace: Sequence[Request], pool_tokens: int, block_size: int = 16,
-                   max_running: int | None = None) -> ServingStats:
-    """Serve ``trace`` from ``pool_tokens // block_size`` blocks: the same loop, block allocation."""
-    return _serve(trace, _Paged(pool_tokens, block_size), "paged", pool_tokens, max_running)
+                   max_running: int | None = None, max_context: int = 4096) -> ServingStats:
+    """Serve ``trace`` from ``pool_tokens // block_size`` blocks: the same scheduler, the paged
+    :class:`~minillm.serving.BlockManager` (prefix caching off)."""
+    if max(r.prompt_len + r.output_len for r in trace) > max_context:
+        raise ValueError(f"a request in the trace is longer than max_context={max_context}")
+    manager = BlockManager(pool_tokens // block_size, block_size, enable_prefix_caching=False)
+    return _serve(trace, manager, "paged", pool_tokens, max_context, max_running)
 
 
 def compare_strategies(trace: Sequence[Request], pool_tokens: int, block_size: int = 16, max_context: int = 4096,
@@ -315,5 +211,5 @@ def compare_strategies(trace: Sequence[Request], pool_tokens: int, block_size: i
     """Every contiguous strategy and paging on the same trace and pool."""
     out = {s: simulate_contiguous(trace, pool_tokens, s, max_context, max_running=max_running)
            for s in CONTIGUOUS_STRATEGIES}
-    out["paged"] = simulate_paged(trace, pool_tokens, block_size, max_running)
+    out["paged"] = simulate_paged(trace, pool_tokens, block_size, max_running, max_context)
     return out
