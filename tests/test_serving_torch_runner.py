@@ -112,3 +112,18 @@ def test_torch_runner_padded_steps_give_the_same_tokens(small_model, attention):
     for p, o, g in zip(prompts, outs, got):
         assert g.token_ids == cached_decode(small_model, p, o).new_tokens
     assert seen == {True, False}
+
+
+def test_fuse_projections_keeps_the_ragged_forward(small_model):
+    from minillm.torch_model import TorchModel, torch_varlen_attention
+    m = TorchModel.from_numpy(small_model.config, small_model.params).eval()
+    cfg = m.config
+    pool = torch.zeros(cfg.n_layers, 8, 4, cfg.n_kv_heads, cfg.d_head)
+    args = (torch.tensor([5, 6, 7, 8, 9]), torch.arange(5), torch.arange(5), torch.tensor([[0, 1]], dtype=torch.int32),
+            torch.tensor([5], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32))
+    with torch.no_grad():
+        plain = m.forward_ragged(*args, pool.clone(), pool.clone(), torch_varlen_attention)
+        m.fuse_projections()
+        fused = m.forward_ragged(*args, pool.clone(), pool.clone(), torch_varlen_attention)
+    assert hasattr(m.layers[0], "wqkv")
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)

@@ -71,6 +71,7 @@ class TorchRunner:
         if not isinstance(model, TorchModel):
             model = TorchModel.from_numpy(model.config, model.params)
         self.model = model.to(device=self.device, dtype=dtype).eval().requires_grad_(False)
+        self.model.fuse_projections()
         cfg = self.config = model.config
         self.block_size, self.num_blocks = int(block_size), int(num_blocks)
         shape = (cfg.n_layers, self.num_blocks + 1, self.block_size, cfg.n_kv_heads, cfg.d_head)
