@@ -198,3 +198,43 @@ def test_engine_abort_frees_blocks(small_model):
     eng.step()
     eng.abort_request(a)
     assert eng.output(a).finish_reason == "abort" and eng.block_manager.num_free == eng.block_manager.num_blocks
+
+
+def test_engine_speculative_greedy_equals_plain_engine_with_preemption_and_prefix_caching(tiny_model):
+    """Prompt-lookup speculation in the engine (k=4): the same greedy tokens as the plain engine and as
+    cached_decode, with a pool small enough to preempt and shared prefixes in the prefix cache; and the
+    drafts really were accepted (so the verify path ran)."""
+    from minillm.speculative import NgramDrafter
+    from minillm.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    head = "def add(a, b):\n    return a + b\n\n\n"
+    texts = [head + "def sub(a, b):\n", head + "def mul(a, b):\n", "import os\nimport sys\nimport os\n",
+             "for i in range(10):\n    print(i)\nfor i in range(10):\n", head + "class A:\n"]
+    prompts = [tok.encode(t) for t in texts]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 33, 25, 40, 30)]
+    cfg = tiny_model.config
+
+    def run(k):
+        runner = NumpyRunner(tiny_model, 14, 16)
+        eng = LLMEngine(runner, 14, 16, cfg.max_seq_len, cfg.vocab_size,
+                        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, num_speculative_tokens=k),
+                        enable_prefix_caching=True, drafter=NgramDrafter() if k else None)
+        outs = run_with_arrivals(eng, prompts, params, np.array([0, 0, 1, 2, 6]))
+        return eng, outs
+
+    plain_eng, plain = run(0)
+    spec_eng, spec = run(4)
+    for p, sp, a, b in zip(prompts, params, plain, spec):
+        assert a.token_ids == b.token_ids == cached_decode(tiny_model, p, sp.max_tokens).new_tokens
+    s = spec_eng.scheduler
+    assert s.spec_accepted > 0 and s.spec_proposed > s.spec_accepted
+    assert s.num_preemptions > 0 and spec_eng.block_manager.prefix_hit_tokens > 0
+    assert s.num_steps < plain_eng.scheduler.num_steps      # accepted drafts save steps
+    assert spec_eng.block_manager.num_free == spec_eng.block_manager.num_blocks
+
+
+def test_scheduler_rejects_speculation_without_a_drafter(small_model):
+    with pytest.raises(ValueError, match="drafter"):
+        make_engine(small_model, num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SchedulerConfig(num_speculative_tokens=-1)

@@ -6,6 +6,11 @@ the offsets. Each token carries its absolute position and the pool slot its K/V 
 sequence's whole context lives. A decode is a sequence with one new token, so one step can mix decodes
 and prefill chunks. ``sample[s]`` says whether the step reaches the end of sequence s's tokens, i.e.
 whether its last row's logits give it a new token (a prefill chunk in the middle of a prompt does not).
+
+Speculative decoding (prompt-lookup drafts, greedy) gives a decoding sequence ``1 + len(draft)`` query
+rows: its last sampled token followed by the draft tokens, all verified in this one ragged pass.
+``logits_rows`` lists the rows whose logits the runner must turn into tokens: each sequence's last row,
+or all ``len(draft) + 1`` rows of a speculating one (``row_counts``), in sequence order.
 """
 from __future__ import annotations
 
@@ -28,12 +33,17 @@ class StepBatch:
     # input_ids (T,) int64, positions (T,) int64, slot_mapping (T,) int64,
     # block_tables (S, max_blocks) int32 padded with 0 (never read past context_lens): lazy, see below
 
-    def __init__(self, seqs: list[Sequence], num_new, block_size: int):
+    def __init__(self, seqs: list[Sequence], num_new, block_size: int, drafts: list[list[int]] | None = None):
         if not seqs or len(seqs) != len(num_new):
             raise ValueError("a step needs at least one sequence and one count per sequence")
+        drafts = [list(d) for d in drafts] if drafts is not None else [[] for _ in seqs]
+        if len(drafts) != len(seqs):
+            raise ValueError("one draft list per sequence")
         starts, tables, sample, n_decode = [], [], [], 0
-        for s, n in zip(seqs, num_new):
-            start, total, table = s.num_computed, len(s), s.block_table
+        for s, n, d in zip(seqs, num_new, drafts):
+            start, total, table = s.num_computed, len(s) + len(d), s.block_table
+            if d and not (s.is_decoding and n == len(d) + 1):
+                raise ValueError(f"sequence {s.seq_id}: a draft rides only on a decode (1 + {len(d)} tokens), got {n}")
             if n < 1 or start + n > total:
                 raise ValueError(f"sequence {s.seq_id}: cannot compute tokens {start}..{start + n - 1} of {total}")
             if len(table) * block_size < start + n:
@@ -41,14 +51,20 @@ class StepBatch:
             starts.append(start)
             tables.append(table[:])             # a snapshot (a range slices to itself)
             sample.append(start + n == total)
-            n_decode += total - start == 1 and bool(s.output)    # Sequence.is_decoding
+            n_decode += s.is_decoding
         self.seqs, self._block_size, self._starts, self._tables = list(seqs), block_size, starts, tables
+        self.drafts = drafts
         self.num_new = np.asarray(num_new, np.int64)
         self.context_lens = (np.asarray(starts, np.int64) + self.num_new).astype(np.int32)
         self.cu_seqlens_q = np.concatenate([[0], np.cumsum(self.num_new)]).astype(np.int32)
         self.sample = np.asarray(sample, bool)
         self.num_tokens = int(self.cu_seqlens_q[-1])
         self.num_decode_tokens = n_decode
+        self.row_counts = np.array([len(d) + 1 for d in drafts], np.int64)
+        self.row_offsets = np.concatenate([[0], np.cumsum(self.row_counts)[:-1]]).astype(np.int64)
+        self.logits_rows = np.concatenate([self.cu_seqlens_q[s + 1] - self.row_counts[s] + np.arange(self.row_counts[s])
+                                           for s in range(len(seqs))]).astype(np.int64)
+        self.num_draft_tokens = int(self.row_counts.sum()) - len(seqs)
         self._arrays: dict[str, np.ndarray] | None = None
 
     def __repr__(self) -> str:
@@ -56,14 +72,17 @@ class StepBatch:
                 f"{self.num_decode_tokens} of them decodes)")
 
     @classmethod
-    def build(cls, seqs: list[Sequence], num_new: list[int], block_size: int) -> StepBatch:
-        return cls(seqs, num_new, block_size)
+    def build(cls, seqs: list[Sequence], num_new: list[int], block_size: int,
+              drafts: list[list[int]] | None = None) -> StepBatch:
+        return cls(seqs, num_new, block_size, drafts)
 
     def _build_arrays(self) -> dict[str, np.ndarray]:
         bs, ids, pos, slots = self._block_size, [], [], []
-        for s, n, start, table in zip(self.seqs, self.num_new.tolist(), self._starts, self._tables):
+        for s, n, start, table, d in zip(self.seqs, self.num_new.tolist(), self._starts, self._tables, self.drafts):
             p = np.arange(start, start + n)
-            ids.extend(s.token(i) for i in range(start, start + n))   # tokens are append-only: still valid
+            # tokens are append-only, so they are still those of build time; drafts come after them
+            ids.extend(s.token(i) if i < start + n - len(d) else d[i - (start + n - len(d))]
+                       for i in range(start, start + n))
             pos.append(p)
             slots.append(np.asarray(table, np.int64)[p // bs] * bs + p % bs)
         tables = np.zeros((len(self.seqs), max(len(t) for t in self._tables)), np.int32)
@@ -95,4 +114,10 @@ class StepBatch:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return self.num_tokens - self.num_decode_tokens
+        return self.num_tokens - self.num_decode_tokens - self.num_draft_tokens
+
+    def row_params(self):
+        """Per logits row: (the sequence's index, the index of the output token this row would sample)."""
+        seq_idx = np.repeat(np.arange(len(self.seqs)), self.row_counts)
+        step = np.concatenate([len(s.output) + np.arange(c) for s, c in zip(self.seqs, self.row_counts)])
+        return seq_idx, step.astype(np.int64)

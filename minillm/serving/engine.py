@@ -63,7 +63,8 @@ class RequestOutput:
 class LLMEngine:
     def __init__(self, runner, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int,
                  scheduler_config: SchedulerConfig | None = None, enable_prefix_caching: bool = True,
-                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0, block_manager=None):
+                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0, block_manager=None,
+                 drafter=None):
         self.runner = runner
         if block_manager is None:
             block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
@@ -71,7 +72,7 @@ class LLMEngine:
             raise ValueError(f"block_manager has {block_manager.num_blocks} blocks of {block_manager.block_size}, "
                              f"the engine was told {num_blocks} of {block_size}")
         self.block_manager = block_manager      # or another memory manager (chapter 7's ContiguousManager)
-        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len)
+        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len, drafter)
         self.vocab_size, self.eos_token_id, self.tokenizer = int(vocab_size), eos_token_id, tokenizer
         self.requests: dict[int, Sequence] = {}
         self._next_id = 0
@@ -234,14 +235,15 @@ class LLM:
     """``LLM("tiny").generate(prompts, SamplingParams(...))``: an engine for a model and a runner.
 
     runner: "numpy" (the reference, CPU), "torch" (the GPU path: torch model + Triton kernels) or
-    "simulated" (counts only). ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
+    "simulated" (counts only). ``num_speculative_tokens=k`` verifies up to k prompt-lookup (n-gram) draft
+    tokens per decode step for greedy requests (chapter 9). ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
     ``max_seq_len`` tokens, so nothing is preempted unless you ask for a smaller pool.
     """
 
     def __init__(self, model="tiny", runner: str = "numpy", num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_prefill_chunk: int | None = None,
                  enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, seed: int = 0,
-                 **runner_kw):
+                 num_speculative_tokens: int = 0, **runner_kw):
         from ..model import Model, load_model
         from ..tokenizer import EOS, ByteTokenizer
 
@@ -261,9 +263,15 @@ class LLM:
         else:
             raise ValueError(f"runner must be 'numpy', 'torch' or 'simulated', got {runner!r}")
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill)
+                                max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill,
+                                num_speculative_tokens=num_speculative_tokens)
+        drafter = None
+        if num_speculative_tokens:
+            from ..speculative import NgramDrafter
+            drafter = NgramDrafter()
         self.engine = LLMEngine(run, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched,
-                                enable_prefix_caching, eos_token_id=EOS, tokenizer=ByteTokenizer(), seed=seed)
+                                enable_prefix_caching, eos_token_id=EOS, tokenizer=ByteTokenizer(), seed=seed,
+                                drafter=drafter)
 
     def generate(self, prompts, params=None, progress: bool | None = None) -> list[RequestOutput]:
         return self.engine.generate(prompts, params, progress)

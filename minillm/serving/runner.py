@@ -6,8 +6,9 @@
 * ``SimulatedRunner`` -- computes nothing. It counts tokens, steps and KV memory, and advances a
   virtual clock with a step-cost model, so traces of thousands of requests run in seconds.
 
-A runner's contract: ``execute(batch) -> token_ids`` with one sampled token per sequence of the batch
-(rows whose ``batch.sample`` is False are ignored), and ``now()``, the clock the engine stamps tokens with.
+A runner's contract: ``execute(batch) -> token_ids``, one token per entry of ``batch.logits_rows`` (one
+per sequence, or ``len(draft) + 1`` for a speculating one; those of sequences whose ``batch.sample`` is
+False are ignored), and ``now()``, the clock the engine stamps tokens with.
 """
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from .batch import StepBatch
 
 
 def sampling_arrays(batch: StepBatch):
-    """Per-row temperature, top-k (0 = off), top-p, seed and step (index of the token being sampled)."""
-    ps = [s.params for s in batch.seqs]
+    """Per logits row: temperature, top-k (0 = off), top-p, seed and step (index of the token it samples)."""
+    seq_idx, step = batch.row_params()
+    ps = [batch.seqs[i].params for i in seq_idx]
     return (np.array([p.temperature for p in ps], np.float64),
             np.array([p.top_k or 0 for p in ps], np.int64),
             np.array([p.top_p for p in ps], np.float64),
-            np.array([s.seed for s in batch.seqs], np.int64),
-            np.array([len(s.output) for s in batch.seqs], np.int64))
+            np.array([batch.seqs[i].seed for i in seq_idx], np.int64), step)
 
 
 class NumpyRunner:
@@ -44,7 +45,7 @@ class NumpyRunner:
     def execute(self, batch: StepBatch) -> np.ndarray:
         logits = self.model.forward_ragged(batch.input_ids, batch.positions, batch.slot_mapping,
                                            batch.block_tables, batch.context_lens, batch.cu_seqlens_q,
-                                           self.k_pool, self.v_pool)
+                                           self.k_pool, self.v_pool, logits_rows=batch.logits_rows)
         self.last_logits = logits
         t, k, p, seed, step = sampling_arrays(batch)
         return sample_batch(logits, t, k, p, seed, step)
@@ -107,7 +108,7 @@ class SimulatedRunner:
         self.batch_sizes.append(len(batch.seqs))
         self.step_tokens.append(batch.num_tokens)
         self.clock += self.cost.seconds(batch) if self.cost is not None else 1.0
-        return np.zeros(len(batch.seqs), np.int64)
+        return np.zeros(len(batch.logits_rows), np.int64)
 
     def now(self) -> float:
         return self.clock

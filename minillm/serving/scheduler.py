@@ -38,6 +38,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_prefill_chunk: int | None = None     # prompt tokens one sequence may compute per step (None: budget)
     enable_chunked_prefill: bool = True      # False: a prompt is prefilled in one step or waits
+    num_speculative_tokens: int = 0          # k draft tokens verified per decode step (greedy requests; needs a
+                                             # drafter with lookup(tokens, k), e.g. minillm.speculative.NgramDrafter)
     static_batching: bool = False            # the baseline: admit a batch of up to max_num_seqs only when the
                                              # previous batch has entirely finished (no refill of free slots)
 
@@ -46,6 +48,9 @@ class SchedulerConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got {k!r}")
         c = self.max_prefill_chunk
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise ValueError(f"max_prefill_chunk must be None or an integer >= 1, got {c!r}")
@@ -57,8 +62,12 @@ class RequestRejected(ValueError):
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager | ContiguousManager,
-                 max_model_len: int):
+                 max_model_len: int, drafter=None):
+        if config.num_speculative_tokens and drafter is None:
+            raise ValueError("num_speculative_tokens > 0 needs a drafter (an object with lookup(tokens, k))")
         self.config, self.bm, self.max_model_len = config, block_manager, int(max_model_len)
+        self.drafter = drafter
+        self.spec_proposed = self.spec_accepted = self.spec_steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -115,10 +124,13 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         self.memory_limited = False
         chosen: list[tuple[Sequence, int]] = []
+        drafts: dict[int, list[int]] = {}
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             n = self._chunk(seq, budget)
+            draft = self._draft(seq, budget) if n == 1 else []
+            n += len(draft)
             while not self.bm.can_grow(seq, seq.num_computed + n):
                 victim = self.running.pop()     # the latest admitted; never one already chosen (those are < i)
                 self._preempt(victim)
@@ -128,6 +140,8 @@ class Scheduler:
             else:
                 self.bm.allocate(seq, seq.num_computed + n)
                 chosen.append((seq, n))
+                if draft:
+                    drafts[seq.seq_id] = draft
                 budget -= n
                 i += 1
         static = self.config.static_batching
@@ -163,33 +177,67 @@ class Scheduler:
                                    "check_fits admits only requests that fit an empty pool)")
             return None
         self.num_steps += 1
-        return StepBatch.build([s for s, _ in chosen], [n for _, n in chosen], self.bm.block_size)
+        return StepBatch.build([s for s, _ in chosen], [n for _, n in chosen], self.bm.block_size,
+                               [drafts.get(s.seq_id, []) for s, _ in chosen] if drafts else None)
+
+    def _draft(self, seq: Sequence, budget: int) -> list[int]:
+        """Up to k draft tokens for a decoding greedy sequence, clipped to what it may still emit and hold."""
+        k = self.config.num_speculative_tokens
+        if not k or not seq.is_decoding or not seq.params.greedy:
+            return []
+        k = min(k, seq.params.max_tokens - len(seq.output) - 1,   # it emits at most k + 1 tokens
+                self.max_model_len - len(seq),                     # drafts sit at positions len(seq)...
+                budget - 1)
+        return [int(t) for t in self.drafter.lookup(seq.tokens, k)][:k] if k > 0 else []
 
     def postprocess(self, batch: StepBatch, token_ids, eos_token_id: int | None, now: float | None = None
                     ) -> list[Sequence]:
         """Account for a finished step: advance, name full blocks, append sampled tokens, retire finished.
 
-        ``token_ids[s]`` is the token sampled for row s (ignored where ``batch.sample[s]`` is False).
+        ``token_ids`` holds one token per entry of ``batch.logits_rows``; a speculating sequence's
+        ``len(draft) + 1`` tokens are the target's choices after each prefix of its draft.
         Returns the sequences that got a token this step.
         """
         now = time.perf_counter() if now is None else now
         got = []
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
-            seq.num_computed += int(n)
-            self.bm.register(seq)
-            if not batch.sample[row]:
-                continue
-            tok = int(token_ids[row])
-            seq.output.append(tok)
-            seq.token_times.append(now)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
+            draft = batch.drafts[row]
+            off = int(batch.row_offsets[row])
+            if draft:
+                # greedy verification: keep the drafts the target agrees with, then the target's own next token
+                toks = [int(t) for t in token_ids[off:off + len(draft) + 1]]
+                a = 0
+                while a < len(draft) and draft[a] == toks[a]:
+                    a += 1
+                emitted = draft[:a] + [toks[a]]
+                seq.num_computed += 1 + a            # the fed token and the accepted drafts have valid K/V
+                self.bm.truncate(seq, seq.num_computed)   # the rejected drafts' slots go back to the pool
+                self.spec_proposed += len(draft)
+                self.spec_accepted += a
+                self.spec_steps += 1
+            else:
+                seq.num_computed += int(n)
+                if not batch.sample[row]:
+                    self.bm.register(seq)
+                    continue
+                emitted = [int(token_ids[off])]
             got.append(seq)
-            p = seq.params
-            if tok in p.stop_token_ids or (tok == eos_token_id and not p.ignore_eos):
-                self.finish(seq, "stop", now)
-            elif len(seq.output) >= p.max_tokens:
-                self.finish(seq, "length", now)
+            reason = None
+            for tok in emitted:
+                seq.output.append(tok)
+                seq.token_times.append(now)
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
+                p = seq.params
+                if tok in p.stop_token_ids or (tok == eos_token_id and not p.ignore_eos):
+                    reason = "stop"
+                elif len(seq.output) >= p.max_tokens:
+                    reason = "length"
+                if reason:
+                    break
+            self.bm.register(seq)      # name the blocks that became full (a finished sequence's stay revivable)
+            if reason:
+                self.finish(seq, reason, now)
         return got
 
     def finish(self, seq: Sequence, reason: str, now: float) -> None:

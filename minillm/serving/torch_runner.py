@@ -205,7 +205,9 @@ class TorchRunner:
         S, T = len(batch.seqs), batch.num_tokens
         decode_only = T == S
         graph = None
-        if self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
+        if batch.num_draft_tokens:
+            pass                                    # speculative verify steps run eagerly (several rows each)
+        elif self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
             graph = self._decode_graph(next(b for b in self.graph_sizes if b >= S))
         elif self.use_graphs and self.mixed_buckets and S <= self.mixed_seqs:
             need = T + self.mixed_seqs - S
@@ -220,8 +222,9 @@ class TorchRunner:
         else:
             ids, pos, slots, tables, lens, cu = self._tensors(batch)
             attn = self._decode if decode_only else self._varlen
+            rows = torch.from_numpy(batch.logits_rows).to(self.device)
             logits = self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
-                                               logits_idx=(cu[1:] - 1).long())
+                                               logits_idx=rows)
         self.last_logits = logits
         if all(s.params.greedy for s in batch.seqs):
             tokens = logits.argmax(dim=1)          # the common case: no sort over the vocabulary
