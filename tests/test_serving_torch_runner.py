@@ -127,3 +127,19 @@ def test_fuse_projections_keeps_the_ragged_forward(small_model):
         fused = m.forward_ragged(*args, pool.clone(), pool.clone(), torch_varlen_attention)
     assert hasattr(m.layers[0], "wqkv")
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["torch", "triton"])
+def test_torch_runner_speculative_verify_steps_keep_greedy_tokens(tiny_model, attention):
+    from minillm.speculative import NgramDrafter
+    from minillm.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    prompts = [tok.encode(t) for t in ("import os\nimport sys\nimport os\n", "def f(x):\n    return x\n\ndef g(x):\n")]
+    cfg = tiny_model.config
+    runner = TorchRunner(tiny_model, 32, 16, dtype=torch.float32, attention=attention)
+    eng = LLMEngine(runner, 32, 16, cfg.max_seq_len, cfg.vocab_size,
+                    SchedulerConfig(max_num_seqs=2, num_speculative_tokens=3), drafter=NgramDrafter())
+    outs = eng.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True), progress=False)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == cached_decode(tiny_model, p, 24).new_tokens
+    assert eng.scheduler.spec_accepted > 0
