@@ -143,3 +143,21 @@ def test_torch_runner_speculative_verify_steps_keep_greedy_tokens(tiny_model, at
     for p, o in zip(prompts, outs):
         assert o.token_ids == cached_decode(tiny_model, p, 24).new_tokens
     assert eng.scheduler.spec_accepted > 0
+
+
+def test_torch_runner_padded_speculative_steps_keep_greedy_tokens(tiny_model):
+    """The mixed-graph padding with speculative rows (1 + k logits rows per sequence), run eagerly on CPU."""
+    from minillm.speculative import NgramDrafter
+    from minillm.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    prompts = [tok.encode(t) for t in ("import os\nimport sys\nimport os\n", "x = 1\ny = 2\nx = 1\n", "def f():\n")]
+    cfg = tiny_model.config
+    runner = TorchRunner(tiny_model, 32, 16, dtype=torch.float32, attention="torch")
+    eng = LLMEngine(runner, 32, 16, cfg.max_seq_len, cfg.vocab_size,
+                    SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=48, num_speculative_tokens=3),
+                    drafter=NgramDrafter())
+    runner.execute = lambda b: runner.execute_padded(b, b.num_tokens + 5, 4)
+    outs = eng.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True), progress=False)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == cached_decode(tiny_model, p, 20).new_tokens
+    assert eng.scheduler.spec_accepted > 0

@@ -92,7 +92,7 @@ class TorchRunner:
         self.graph_sizes = [b for b in (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256) if b <= max_graph_batch]
         self._graphs: dict[tuple, tuple] = {}
         self._graph_pool = None
-        self.mixed_seqs = 0
+        self.mixed_seqs = self.spec_tokens = 0
         self.mixed_buckets: list[int] = []
         self.last_logits: torch.Tensor | None = None
         self.step_times: list[float] = []
@@ -116,15 +116,16 @@ class TorchRunner:
     # chunks replay a graph per padded token count: the batch is padded to ``mixed_seqs`` sequences and a
     # bucket of tokens, the extra rows write to the spare block and their outputs are dropped, and the varlen
     # kernel's grid depends only on those two sizes, so one graph serves every step that fits its bucket.
-    def _static(self, n_tok: int, n_seq: int) -> dict:
+    def _static(self, n_tok: int, n_seq: int, n_rows: int | None = None) -> dict:
         dev = self.device
+        n_rows = n_seq if n_rows is None else n_rows
         return dict(ids=torch.zeros(n_tok, dtype=torch.long, device=dev),
                     pos=torch.zeros(n_tok, dtype=torch.long, device=dev),
                     slots=torch.full((n_tok,), self.trash_slot, dtype=torch.long, device=dev),
                     tables=torch.full((n_seq, self.max_blocks), self.num_blocks, dtype=torch.int32, device=dev),
                     lens=torch.ones(n_seq, dtype=torch.int32, device=dev),
                     cu=torch.arange(n_seq + 1, dtype=torch.int32, device=dev),
-                    last=torch.arange(n_seq, dtype=torch.long, device=dev))
+                    last=torch.zeros(n_rows, dtype=torch.long, device=dev))
 
     def _forward_static(self, st: dict, attn):
         return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
@@ -150,12 +151,14 @@ class TorchRunner:
         lens_h = np.concatenate([batch.context_lens, pad_q]).astype(np.int32)
         st["cu"].copy_(torch.from_numpy(cu_h))
         st["lens"].copy_(torch.from_numpy(lens_h))
-        st["last"].copy_(torch.from_numpy(cu_h[1:].astype(np.int64) - 1))
-        return S
+        rows = batch.logits_rows                 # each sequence's last row, or all rows of a speculating one
+        st["last"][:len(rows)].copy_(torch.from_numpy(rows))
+        st["last"][len(rows):].zero_()
+        return len(rows)
 
     def _capture(self, key, n_tok: int, n_seq: int, attn):
         dev = self.device
-        st = self._static(n_tok, n_seq)
+        st = self._static(n_tok, n_seq, self.mixed_rows if key[0] == "mixed" else n_seq)
         s = torch.cuda.Stream(device=dev)
         s.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(s):
@@ -176,6 +179,11 @@ class TorchRunner:
         return self._graphs.get(("mixed", n_tok)) or self._capture(("mixed", n_tok), n_tok, self.mixed_seqs,
                                                                     self._varlen)
 
+    @property
+    def mixed_rows(self) -> int:
+        """Logits rows a mixed graph returns: one per sequence, or 1 + k for each speculating one."""
+        return self.mixed_seqs * (1 + self.spec_tokens)
+
     def token_buckets(self, max_tokens: int) -> list[int]:
         """Padded token counts for mixed steps: powers of two and their midpoints, up to max_tokens."""
         out, b = [], 16
@@ -185,12 +193,14 @@ class TorchRunner:
         return [x for x in out if x < max_tokens] + [max_tokens]
 
     @torch.inference_mode()
-    def capture_graphs(self, max_num_seqs: int, max_num_batched_tokens: int | None = None) -> None:
+    def capture_graphs(self, max_num_seqs: int, max_num_batched_tokens: int | None = None,
+                       num_speculative_tokens: int = 0) -> None:
         """Capture every decode size up to ``max_num_seqs`` and, with a token budget, every mixed-step bucket
-        (largest first, so all graphs share one memory pool)."""
+        (largest first, so all graphs share one memory pool). Speculative verify steps replay the mixed
+        graphs, which then return up to 1 + k logits rows per sequence."""
         if not self.use_graphs:
             return
-        self.mixed_seqs = max_num_seqs
+        self.mixed_seqs, self.spec_tokens = max_num_seqs, num_speculative_tokens
         if max_num_batched_tokens is not None:
             # a mixed step has at least one sequence with 2+ tokens, so it pads to more than max_num_seqs tokens
             self.mixed_buckets = [b for b in self.token_buckets(max_num_batched_tokens + max_num_seqs)
@@ -205,20 +215,19 @@ class TorchRunner:
         S, T = len(batch.seqs), batch.num_tokens
         decode_only = T == S
         graph = None
-        if batch.num_draft_tokens:
-            pass                                    # speculative verify steps run eagerly (several rows each)
-        elif self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
+        if self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
             graph = self._decode_graph(next(b for b in self.graph_sizes if b >= S))
-        elif self.use_graphs and self.mixed_buckets and S <= self.mixed_seqs:
+        elif (self.use_graphs and self.mixed_buckets and S <= self.mixed_seqs
+              and len(batch.logits_rows) <= self.mixed_rows):
             need = T + self.mixed_seqs - S
             n_tok = next((b for b in self.mixed_buckets if b >= need), None)
             if n_tok is not None:
                 graph = self._mixed_graph(n_tok)
         if graph is not None:
             g, st, out = graph
-            self._fill(st, batch)
+            R = self._fill(st, batch)
             g.replay()
-            logits = out[:S]
+            logits = out[:R]
         else:
             ids, pos, slots, tables, lens, cu = self._tensors(batch)
             attn = self._decode if decode_only else self._varlen
@@ -235,10 +244,11 @@ class TorchRunner:
     @torch.inference_mode()
     def execute_padded(self, batch: StepBatch, n_tok: int, n_seq: int) -> np.ndarray:
         """The graph path's padding without a graph (eager, any device): for testing the padding on CPU."""
-        st = self._static(n_tok, n_seq)
-        S = self._fill(st, batch)
+        S = len(batch.seqs)
+        st = self._static(n_tok, n_seq, n_seq * (1 + max(len(d) for d in batch.drafts)))
+        R = self._fill(st, batch)
         attn = self._decode if batch.num_tokens == S and n_tok == n_seq else self._varlen
-        logits = self._forward_static(st, attn)[:S]
+        logits = self._forward_static(st, attn)[:R]
         self.last_logits = logits
         return logits.argmax(dim=1).cpu().numpy()
 
