@@ -67,6 +67,13 @@ serving-all)  # both in one device command: tests, tiny, then the 1B shape
   timeout 300 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
     > "$OUT/serving_1b_h200.txt" 2>&1
   tail -8 "$OUT/serving_1b_h200.txt" ;;
+serving-final)  # after fusing QKV/gate-up: the 1B batch-1 roofline and profile again; engine speculation (tiny)
+  timeout 200 python3 benchmarks/serving_bench.py --models tiny --parts spec --out "$OUT/speculative_engine_h200.json" \
+    > "$OUT/speculative_engine_h200.txt" 2>&1
+  tail -14 "$OUT/speculative_engine_h200.txt"
+  timeout 200 python3 benchmarks/serving_bench.py --models llama1b --parts roofline profile \
+    --out "$OUT/serving_1b_fused_h200.json" > "$OUT/serving_1b_fused_h200.txt" 2>&1
+  tail -3 "$OUT/serving_1b_fused_h200.txt" ;;
 serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model (random bf16 weights)
   timeout 560 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
     > "$OUT/serving_1b_h200.txt" 2>&1

@@ -249,6 +249,53 @@ def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
             "device_busy_ms_per_step": dev_total / 1e3, "top_ops": rows}
 
 
+def held_out_prompts(n: int, n_bytes: int = 256) -> list[list[int]]:
+    """Python source the tiny model never saw (it trained on the standard library): this package's own files."""
+    from minillm.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    files = sorted((Path(__file__).resolve().parents[1] / "minillm").rglob("*.py"))
+    chunks = []
+    for f in files:
+        text = f.read_text()
+        for start in range(0, max(1, len(text) - n_bytes), 1500):
+            chunks.append(tok.encode(text[start:start + n_bytes]))
+    rng = np.random.default_rng(0)
+    return [chunks[i] for i in rng.choice(len(chunks), n, replace=False)]
+
+
+def run_speculative(model: TorchModel, device, dtype, batches=(1, 8, 64), ks=(0, 2, 4, 8), n_tokens: int = 128):
+    """Engine throughput with prompt-lookup speculation (greedy) against none, at several batch sizes."""
+    from minillm.speculative import NgramDrafter
+    cfg = model.config
+    rows = []
+    for b in batches:
+        prompts = held_out_prompts(max(b, 8))
+        ref = None
+        for k in ks:
+            runner = TorchRunner(model, 64 * 32, 16, device=device, dtype=dtype, attention=ATTENTION)
+            sched = SchedulerConfig(max_num_seqs=b, max_num_batched_tokens=1024, num_speculative_tokens=k)
+            eng = LLMEngine(runner, 64 * 32, 16, cfg.max_seq_len, cfg.vocab_size, sched, enable_prefix_caching=False,
+                            drafter=NgramDrafter() if k else None)
+            runner.capture_graphs(b, 1024, k)
+            eng.generate([prompts[0][:40]], SamplingParams(max_tokens=8, ignore_eos=True), progress=False)  # warm
+            s0, p0, a0 = eng.scheduler.num_steps, eng.scheduler.spec_proposed, eng.scheduler.spec_accepted
+            t = time.perf_counter()
+            outs = eng.generate(prompts, SamplingParams(max_tokens=n_tokens, ignore_eos=True), progress=False)
+            dt = time.perf_counter() - t
+            toks = [o.token_ids for o in outs]
+            ref = toks if k == 0 else ref
+            prop, acc = eng.scheduler.spec_proposed - p0, eng.scheduler.spec_accepted - a0
+            rows.append({"policy": "speculative_ngram" if k else "no_speculation", "batch": b, "k": k,
+                         "requests": len(prompts), "output_tok_per_s": sum(map(len, toks)) / dt,
+                         "steps": eng.scheduler.num_steps - s0, "proposed": prop, "accepted": acc,
+                         "acceptance": acc / prop if prop else float("nan"),
+                         "identical_to_k0": sum(a == r for a, r in zip(toks, ref)) / len(toks)})
+            print("spec", b, k, round(rows[-1]["output_tok_per_s"]), "tok/s, acceptance",
+                  round(rows[-1]["acceptance"], 3) if prop else "-", flush=True)
+            del eng, runner
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -257,7 +304,8 @@ def main():
     ap.add_argument("--hf-requests", type=int, default=128, help="HF generate is slow: the first N requests")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, for a CPU check of the script")
-    ap.add_argument("--parts", nargs="+", default=["continuous", "static", "hf", "roofline", "profile"])
+    ap.add_argument("--parts", nargs="+", default=["continuous", "static", "hf", "roofline", "profile"],
+                    help="also: spec (engine with prompt-lookup speculation at batch 1/8/64)")
     ap.add_argument("--attention", default="triton", choices=["triton", "torch"])
     args = ap.parse_args()
     global ATTENTION
@@ -301,6 +349,11 @@ def main():
             r = run_engine(model, prompts, outs, arrivals, static=True, max_num_seqs=seqs, **common)
             results["runs"].append(tag | r)
             print(name, "static", seqs, round(r["output_tok_per_s"]), "tok/s", flush=True)
+            save()
+        if "spec" in args.parts:
+            for r in run_speculative(model, device, dtype, batches=(1, 2) if args.smoke else (1, 8, 64),
+                                     ks=(0, 2) if args.smoke else (0, 2, 4, 8), n_tokens=16 if args.smoke else 128):
+                results["runs"].append(tag | r)
             save()
         if "roofline" in args.parts:
             r = decode_roofline(model, device, dtype, 8 if args.smoke else 256)
