@@ -24,6 +24,7 @@ PROMPTS = [
     "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        ",
     "for i in range(10):\n    print(i",
     "    return self._",
+    "    if value is None:\n        raise ValueError(",
 ]
 N_NEW = 40
 GREEDY = SpecParams()
@@ -202,6 +203,13 @@ def _broken_verify(p_rows, q_rows, draft_tokens, rng):
     return n_acc, nxt
 
 
+def _resample_from_target_verify(p_rows, q_rows, draft_tokens, rng):
+    """A subtler classic bug: the right acceptance test, but a rejection resamples from p, not max(p - q, 0)."""
+    d = draft_tokens[:, 0]
+    n_acc = (rng.random(d.size) * q_rows[0, d] < p_rows[0, d]).astype(np.int64)
+    return n_acc, sample_probs(p_rows[0], rng.random(d.size))
+
+
 def _real_pq(target, draft, params, prompt="import "):
     ids = TOK.encode(prompt)
     return _rows(target, ids, params), _rows(draft, ids, params)
@@ -222,12 +230,14 @@ def test_verify_first_token_chi_square_matches_target(target, draft, params):
         assert dof >= 10 and pval > 1e-3, (seed, stat, dof, pval)
 
 
+@pytest.mark.parametrize("broken", [_broken_verify, _resample_from_target_verify], ids=["argmax-accept", "resample-p"])
 @pytest.mark.parametrize("params", [T1, T07K], ids=["T1", "T0.7-top20"])
-def test_verify_first_token_chi_square_rejects_broken_sampler(target, draft, params):
-    """The same test on a sampler that accepts only on an argmax match at T > 0: it must fail, p < 1e-3."""
+def test_verify_first_token_chi_square_rejects_broken_sampler(target, draft, params, broken):
+    """The same test on two broken samplers -- greedy acceptance at T > 0 (accept only on an argmax match), and
+    resampling a rejection from p instead of the residual -- must fail it: p < 1e-3 for every seed."""
     p, q = _real_pq(target, draft, params)
     for seed in range(2):
-        counts = np.bincount(_first_tokens(p, q, seed, _broken_verify), minlength=p.size)
+        counts = np.bincount(_first_tokens(p, q, seed, broken), minlength=p.size)
         stat, dof, pval = chi_square_gof(counts, p)
         assert pval < 1e-3, (seed, stat, dof, pval)
 
@@ -369,7 +379,7 @@ def test_speculative_decode_rejects_drafter_with_other_vocab(target):
         speculative_decode(target, ModelDrafter(Model(cfg, init_params(cfg))), [1, 2, 3], 4, 2)
 
 
-def test_bad_settings_raise_clear_errors(target):
+def test_speculative_decode_bad_settings_raise_clear_errors(target):
     with pytest.raises(ValueError, match="n"):
         NgramDrafter(n=0)
     with pytest.raises(ValueError, match="temperature"):
