@@ -9,12 +9,13 @@ from .decode import DecodeResult, cached_decode, decode_step, naive_decode, pref
 from .kvcache import CacheFull, ConcatKVCache, KVCache
 from .model import Model, ModelConfig, StepOps, load_model
 from .sampling import TemperatureSampler, greedy
+from .speculative import ModelDrafter, NgramDrafter, SpecParams, speculative_decode
 from .tokenizer import ByteTokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ByteTokenizer", "CacheFull", "ConcatKVCache", "DecodeResult", "KVCache", "Model", "ModelConfig",
-    "StepOps", "TemperatureSampler", "cached_decode", "decode_step", "greedy", "load_model",
-    "naive_decode", "prefill", "standard_attention",
+    "ModelDrafter", "NgramDrafter", "SpecParams", "StepOps", "TemperatureSampler", "cached_decode", "decode_step",
+    "greedy", "load_model", "naive_decode", "prefill", "speculative_decode", "standard_attention",
 ]
