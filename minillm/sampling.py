@@ -24,10 +24,7 @@ class TemperatureSampler:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, logits: np.ndarray) -> int:
-        z = np.asarray(logits, np.float64) / self.temperature
-        if self.top_k is not None and self.top_k < z.size:
-            cutoff = np.partition(z, -self.top_k)[-self.top_k]
-            z = np.where(z >= cutoff, z, -np.inf)
+        z = shape_logits(np.asarray(logits)[None], self.temperature, self.top_k)[0]   # the engine's shaping
         p = np.exp(z - z.max())
         return int(self.rng.choice(z.size, p=p / p.sum()))
 
