@@ -1,0 +1,151 @@
+"""Chapter 9: speculative decoding measured -- acceptance, tokens per target call, and what they cost.
+
+* :func:`held_out_source` -- chunks of this package's own ``.py`` files, tokenized: code the models never saw
+  (they were trained on the Python standard library)
+* :func:`expected_tokens_per_call` -- the i.i.d. model: each draft accepted independently with probability alpha
+* :func:`speedup_model` -- that, divided by the cost of a round in target-call units, ``1 + k * c``
+* :class:`SpecStats` / :func:`pool_results` -- per-call statistics of many :class:`~minillm.speculative.SpecResult`
+  runs pooled together, with the conditional acceptance rate alpha the i.i.d. model needs
+* :func:`verify_step_seconds` / :func:`batched_speedup_model` -- a roofline step cost with k+1 query rows per
+  sequence, to show why speculation stops paying once a batch makes the step compute-bound
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+
+def held_out_source(n: int, n_bytes: int = 200, seed: int = 0, stride: int = 1500) -> list[list[int]]:
+    """``n`` byte-token chunks of ``n_bytes`` characters from minillm's own source, chosen at random (seeded).
+
+    Chunks start every ``stride`` characters of every ``.py`` file under the package, in sorted path order,
+    so the choice depends only on the package's source and the seed.
+    """
+    from ..tokenizer import ByteTokenizer
+    if n < 1 or n_bytes < 1:
+        raise ValueError(f"n and n_bytes must be >= 1, got {n}, {n_bytes}")
+    tok = ByteTokenizer()
+    root = Path(__file__).resolve().parents[1]
+    chunks = []
+    for f in sorted(root.rglob("*.py")):
+        text = f.read_text()
+        for start in range(0, max(1, len(text) - n_bytes), stride):
+            piece = text[start:start + n_bytes]
+            if len(piece) == n_bytes:
+                chunks.append(tok.encode(piece))
+    if n > len(chunks):
+        raise ValueError(f"only {len(chunks)} chunks of {n_bytes} characters, asked for {n}")
+    rng = np.random.default_rng(seed)
+    return [chunks[i] for i in rng.choice(len(chunks), n, replace=False)]
+
+
+def expected_tokens_per_call(alpha, k):
+    """E[tokens emitted per target call] = (1 - alpha^(k+1)) / (1 - alpha) (k + 1 at alpha = 1).
+
+    Drafts are accepted one after another, each with probability alpha independently; the round stops at
+    the first rejection and always emits one more token (the resampled or bonus token).
+    """
+    a = np.asarray(alpha, np.float64)
+    k = np.asarray(k)
+    if np.any((a < 0) | (a > 1)):
+        raise ValueError("alpha must lie in [0, 1]")
+    if np.any(k < 0):
+        raise ValueError("k must be >= 0")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(a < 1, (1 - a ** (k + 1)) / np.where(a < 1, 1 - a, 1.0), k + 1.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def speedup_model(alpha, k, c):
+    """Speedup over the target alone when a draft step costs ``c`` target steps and verifying k+1 tokens costs
+    one target step: E[tokens per call] / (1 + k c)."""
+    c = np.asarray(c, np.float64)
+    if np.any(c < 0):
+        raise ValueError("c must be >= 0")
+    out = expected_tokens_per_call(alpha, k) / (1 + np.asarray(k) * c)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    """Per-call statistics pooled over runs: ``proposed`` / ``accepted`` / ``emitted`` per target call."""
+
+    proposed: np.ndarray
+    accepted: np.ndarray
+    emitted: np.ndarray
+    k: int
+
+    @property
+    def calls(self) -> int:
+        return int(self.proposed.size)
+
+    @property
+    def tokens_per_call(self) -> float:
+        return float(self.emitted.sum() / max(1, self.calls))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / proposed drafts (drafts after a rejection count as proposed and not accepted)."""
+        return float(self.accepted.sum() / max(1, self.proposed.sum()))
+
+    @property
+    def alpha(self) -> float:
+        """Conditional acceptance: accepted / drafts actually tested (every accepted one, plus one per rejection).
+
+        Under the i.i.d. model this is the maximum-likelihood estimate of alpha.
+        """
+        tested = self.accepted.sum() + np.sum(self.accepted < self.proposed)
+        return float(self.accepted.sum() / tested) if tested else float("nan")
+
+    def alpha_per_position(self) -> np.ndarray:
+        """alpha_i: of the calls that tested draft i (drafts before it accepted), the share that accepted it."""
+        out = np.full(self.k, np.nan)
+        for i in range(self.k):
+            reached = (self.proposed > i) & (self.accepted >= i)
+            if reached.any():
+                out[i] = np.mean(self.accepted[reached] > i)
+        return out
+
+    @property
+    def empty_share(self) -> float:
+        """Share of target calls with no draft at all (the n-gram drafter found no match, or no room was left)."""
+        return float(np.mean(self.proposed == 0)) if self.calls else float("nan")
+
+    @property
+    def target_rows_per_token(self) -> float:
+        """Query rows the target computed per emitted token: (drafts + 1) per call over tokens emitted."""
+        return float((self.proposed + 1).sum() / max(1, self.emitted.sum()))
+
+
+def pool_results(results: Iterable) -> SpecStats:
+    """Pool the per-call lists of several SpecResult runs (all with the same k)."""
+    results = list(results)
+    if not results:
+        raise ValueError("no results to pool")
+    ks = {r.k for r in results}
+    if len(ks) != 1:
+        raise ValueError(f"results mix different k: {sorted(ks)}")
+    cat = lambda name: np.concatenate([np.asarray(getattr(r, name), np.int64) for r in results])  # noqa: E731
+    return SpecStats(cat("proposed"), cat("accepted"), cat("emitted"), ks.pop())
+
+
+def verify_step_seconds(cost, batch: int, rows_per_seq: int, context: int) -> float:
+    """Roofline time of one step with ``batch`` sequences of ``context`` cached tokens, each computing
+    ``rows_per_seq`` query rows (1 for plain decode, k+1 for a speculative verify), under a
+    :class:`minillm.serving.StepCost`: max(bytes / bandwidth, FLOPs / peak) + overhead."""
+    if batch < 1 or rows_per_seq < 1 or context < 0:
+        raise ValueError("batch and rows_per_seq must be >= 1, context >= 0")
+    tokens = batch * rows_per_seq
+    mem = cost.weight_bytes + cost.kv_bytes_per_token * batch * (context + rows_per_seq)
+    comp = cost.flops_per_token * tokens + cost.attn_flops_per_context_token * tokens * (context + rows_per_seq)
+    return max(mem / cost.bandwidth, comp / cost.flops) + cost.overhead
+
+
+def batched_speedup_model(cost, alpha: float, k: int, batch: int, context: int) -> float:
+    """Modeled speedup of speculation with a free drafter at a batch size: E[tokens per call] x
+    (plain step time) / (verify step time with k+1 rows per sequence)."""
+    return (expected_tokens_per_call(alpha, k) * verify_step_seconds(cost, batch, 1, context)
+            / verify_step_seconds(cost, batch, k + 1, context))
