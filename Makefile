@@ -1,6 +1,7 @@
 # Two commands, from a fresh clone, with no GPU:
 #   make book   build the website into _build/html (warnings are errors)
-#   make test   unit tests + strict nbval over every chapter + the site rendered in headless Chromium
+#   make test   unit tests + strict nbval over every chapter + every chapter run from the installed wheel
+#               + the site rendered in headless Chromium
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 VENDOR := _vendor/.stamp
 CHAPTERS := $(wildcard chapters/*.ipynb)
 
-.PHONY: book test unit notebooks site-test execute clean
+.PHONY: book test unit notebooks wheel-test site-test execute clean dist
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +35,10 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m pytest -q --nbval chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
 
+# Every chapter executed from the installed wheel, in a folder outside the clone.
+wheel-test: $(STAMP)
+	$(PY) tools/run_from_wheel.py $(CHAPTERS)
+
 site-test: book
 	$(PY) -m pytest -q -m site tests/test_site.py
 
@@ -42,6 +47,10 @@ test: unit notebooks site-test
 # Re-execute every chapter in place after changing code they import (outputs are committed).
 execute: $(STAMP)
 	$(PY) tools/execute_notebooks.py $(CHAPTERS)
+
+# A wheel with the checkpoints and recorded results inside (for Colab or a bare GPU box): dist/*.whl
+dist: $(STAMP)
+	rm -rf dist build && $(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
 
 clean:
 	rm -rf _build _vendor
