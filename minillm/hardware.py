@@ -354,6 +354,26 @@ def attention_intensity(n: int, d: int, dtype_bytes=2, fused: bool = True,
     return flops / standard_attention_traffic(n, d, dtype_bytes)["total"]
 
 
+def fused_attention_intensities(n: int, d: int, block_m: int = 128, block_n: int = 128, dtype_bytes=2) -> dict:
+    """Arithmetic intensity of one fused attention head against HBM bytes and against L2 bytes.
+
+    A tiled kernel loads every K/V tile once per query tile (``flash_attention_traffic``). On a real
+    GPU those loads go to L2; the query tiles of one head run at the same time, so after the first
+    miss the re-reads hit L2 and HBM sees about one pass over Q, K, V and O
+    (``compulsory_attention_traffic``). So:
+
+    * ``"hbm"``: 4 n^2 d FLOPs over the compulsory 4 n d bytes (what HBM serves),
+    * ``"l2"``: the same FLOPs over the tiled schedule's bytes (what L2 serves, re-reads included).
+
+    Also returns both byte counts and the query-tile count.
+    """
+    flops = 4 * _positive_int("n", n) ** 2 * _positive_int("d", d)
+    tiled = flash_attention_traffic(n, d, block_m, block_n, dtype_bytes)
+    hbm = compulsory_attention_traffic(n, d, dtype_bytes)
+    return {"hbm": flops / hbm, "l2": flops / tiled["total"], "flops": flops,
+            "hbm_bytes": hbm, "l2_bytes": tiled["total"], "q_tiles": tiled["q_tiles"]}
+
+
 def roofline(gpu, intensity, dtype: str = "bf16"):
     """Attainable FLOP/s at ``intensity`` FLOP/byte: min(compute peak, bandwidth x intensity).
 

@@ -149,6 +149,22 @@ def test_attention_intensity_and_roofline():
     np.testing.assert_allclose(hw.roofline(h200, np.array([1.0, 1e6])), [h200.hbm_bw, h200.bf16_flops])
 
 
+def test_fused_attention_intensities_hbm_versus_l2():
+    n, d = 4096, 128
+    i = hw.fused_attention_intensities(n, d, 128, 128, 2)
+    # HBM sees one pass over Q, K, V, O: 4 n^2 d / (4 n d * 2 B) = n / 2 FLOP/B.
+    assert i["hbm"] == n / 2 and i["hbm_bytes"] == 4 * hw.MiB
+    # L2 serves every tile load, so its intensity is the tiled model's.
+    assert i["l2"] == hw.attention_intensity(n, d, 2, fused=True) and i["l2_bytes"] == 66 * hw.MiB
+    assert i["q_tiles"] == 32 and i["flops"] == 4 * n * n * d
+    # With 128-row query tiles the L2 intensity tends to 128 FLOP/B (bf16), whatever d; HBM's grows with n.
+    assert hw.fused_attention_intensities(1 << 16, 64)["l2"] == pytest.approx(128, rel=0.01)
+    h200 = hw.get_gpu("H200")
+    assert i["l2"] < h200.ridge() < i["hbm"]
+    with pytest.raises(ValueError):
+        hw.fused_attention_intensities(0, 128)
+
+
 def test_plot_roofline_draws_line_and_points():
     import matplotlib
     matplotlib.use("Agg")
