@@ -203,6 +203,10 @@ FORMATS: dict[str, QuantFormat] = {
     "fp16": QuantFormat("fp16", lambda x: (np.asarray(x, np.float16),), lambda a: a.astype(np.float32)),
     # Per-tensor scale, as vLLM's fp8 KV cache does by default.
     "fp8_e4m3": QuantFormat("fp8_e4m3", quantize_fp8, dequantize_fp8),
+    # One scale per (batch, head, token), like int8 below: separates the effect of the scale from
+    # that of e4m3's 3-bit mantissa.
+    "fp8_e4m3_tok": QuantFormat("fp8_e4m3_tok", lambda x: quantize_fp8(_cache_tensor(x), per_token=True),
+                                dequantize_fp8),
     "int8": QuantFormat("int8", quantize_int8, dequantize_int8),
     "int4": QuantFormat("int4", quantize_int4, lambda packed, scale: dequantize_int4(
         packed, scale, group=2 * packed.shape[-1] // scale.shape[-1], d=2 * packed.shape[-1])),
@@ -250,8 +254,8 @@ def kv_quant_report(q, k, v, formats=("fp16", "fp8_e4m3", "int8", "int4"), causa
 
 def format_kv_quant_report(rows: list[KVQuantResult]) -> str:
     """A plain-text table of :func:`kv_quant_report` rows."""
-    lines = [f"{'format':<10} {'bytes/elem':>10} {'saved vs fp16':>14} {'max abs err':>12} {'rel rms err':>12}"]
+    lines = [f"{'format':<12} {'bytes/elem':>10} {'saved vs fp16':>14} {'max abs err':>12} {'rel rms err':>12}"]
     for r in rows:
-        lines.append(f"{r.format:<10} {r.bytes_per_element:>10.4f} {r.bytes_saved:>14,d} "
+        lines.append(f"{r.format:<12} {r.bytes_per_element:>10.4f} {r.bytes_saved:>14,d} "
                      f"{r.max_abs_err:>12.3e} {r.rel_rms_err:>12.3e}")
     return "\n".join(lines)

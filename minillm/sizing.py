@@ -140,6 +140,18 @@ class ModelSpec:
     def kv_bytes_per_token(self, dtype_bytes=2) -> int:
         return self.kv_bytes(1, dtype_bytes)
 
+    def mha_kv_bytes_per_token(self, dtype_bytes=2) -> int:
+        """Bytes per token if every query head cached its own K and V (multi-head attention).
+
+        For GQA/MQA models: ``2 * L * H * d_head``. For MLA models each head's key is its no-RoPE
+        part plus the RoPE part (``d_head + qk_rope_dim``) while its value has ``d_head`` numbers
+        only (V carries no rotary part): ``L * H * (2 * d_head + qk_rope_dim)``.
+        """
+        if self.attention == "MLA":
+            elements = self.n_layers * self.n_heads * (2 * self.d_head + self.qk_rope_dim)
+            return _bytes(elements, _bytes_per_element(dtype_bytes))
+        return gqa_kv_bytes(1, self.n_layers, self.n_heads, self.d_head, dtype_bytes)
+
     def weight_bytes(self, dtype_bytes) -> int:
         """Bytes to hold every parameter at ``dtype_bytes`` (ignores quantization scales)."""
         return round(self.n_params_b * GB * _bytes_per_element(dtype_bytes))

@@ -205,6 +205,28 @@ def test_kv_quant_report_orders_errors_and_bytes(rng):
     assert "int4" in format_kv_quant_report(list(rows.values()))
 
 
+def test_kv_quant_report_fp8_per_token_scale_stores_one_scale_per_token_head(rng):
+    B, H, N, D = 1, 2, 32, 64
+    q = rng.normal(size=(B, H, N, D)).astype(np.float32)
+    # rows of very different magnitude: the case a per-tensor scale handles worst
+    k, v = (rng.normal(size=(B, H, N, D)).astype(np.float32) * np.exp2(rng.uniform(-12, 4, size=(B, H, N, 1)))
+            for _ in range(2))
+    rows = {r.format: r for r in kv_quant_report(q, k, v, formats=("fp16", "fp8_e4m3", "fp8_e4m3_tok", "int8"))}
+    assert rows["fp8_e4m3_tok"].bytes_per_element == 1 + 4 / D   # same bytes as per-token int8
+    assert rows["fp8_e4m3_tok"].bytes_stored == rows["int8"].bytes_stored
+    assert rows["fp8_e4m3_tok"].rel_rms_err <= rows["fp8_e4m3"].rel_rms_err
+    # the 3-bit mantissa still leaves per-token fp8 well behind per-token int8
+    assert rows["fp8_e4m3_tok"].rel_rms_err > 2 * rows["int8"].rel_rms_err
+
+
+def test_fp8_per_token_format_matches_quantize_fp8_per_token(rng):
+    x = rng.normal(size=(1, 2, 5, 16)).astype(np.float32)
+    back, nbytes = FORMATS["fp8_e4m3_tok"].round_trip(x)
+    codes, scale = quantize_fp8(x, per_token=True)
+    np.testing.assert_array_equal(back, dequantize_fp8(codes, scale))
+    assert nbytes == codes.nbytes + scale.nbytes == x.size + 4 * 10
+
+
 def test_kv_quant_report_rejects_unknown_format_and_bad_shapes(rng):
     q = k = v = rng.normal(size=(1, 2, 4, 8)).astype(np.float32)
     with pytest.raises(ValueError, match="unknown formats"):

@@ -116,6 +116,20 @@ def test_gqa_kv_bytes_llama2_7b_vs_llama31_8b_same_geometry():
     assert mha.kv_bytes_per_token() == 4 * gqa.kv_bytes_per_token()
 
 
+@pytest.mark.parametrize("name", [n for n, m in MODELS.items() if m.attention != "MLA"])
+def test_mha_kv_bytes_per_token_is_gqa_with_every_head(name):
+    m = MODELS[name]
+    assert m.mha_kv_bytes_per_token() == gqa_kv_bytes(1, m.n_layers, m.n_heads, m.d_head)
+    assert m.mha_kv_bytes_per_token("fp8") * 2 == m.mha_kv_bytes_per_token("fp16")
+
+
+def test_mha_kv_bytes_per_token_mla_gives_rope_part_to_keys_only():
+    ds = MODELS["DeepSeek V3 671B"]
+    # K per head: 128 no-RoPE + 64 RoPE; V per head: 128 (no RoPE part)
+    assert ds.mha_kv_bytes_per_token() == 61 * 128 * (128 + 64 + 128) * 2 == 4_997_120
+    assert round(ds.mha_kv_bytes_per_token() / ds.kv_bytes_per_token()) == 71
+
+
 def test_model_weight_bytes_70b():
     m = MODELS["Llama 3.1 70B"]
     assert m.weight_bytes("bf16") == 141_200_000_000
