@@ -1,11 +1,21 @@
 """Chapter 6: FlashAttention's versions, and which one to deploy where.
 
 Every version computes the same exact attention (tiling + online softmax); each
-rewrote the *schedule* for a GPU generation.
+rewrote the *schedule* for a GPU generation. Which GPUs each version supports is
+taken from the flash-attention repository's README:
+
+* FlashAttention-1: "Turing or Ampere" GPUs (sm75, sm80, sm86);
+* FlashAttention-2: "Ampere, Ada, or Hopper GPUs" (sm80, sm86, sm89, sm90);
+* FlashAttention-3: "optimized for Hopper GPUs (e.g. H100)" (sm90);
+* FlashAttention-4: Blackwell data-center GPUs (sm100), forward only at launch.
+
+``pick_flash`` decides by compute capability, never by a GPU's marketing name alone.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+CC = tuple[int, int]  # compute capability (major, minor)
 
 
 @dataclass(frozen=True)
@@ -15,36 +25,60 @@ class FlashVersion:
     target: str
     changed: str
     backward: bool  # has a backward pass (usable for training)
+    compute_capabilities: frozenset  # the CC values the version's builds support
 
 
 VERSIONS = [
-    FlashVersion("FlashAttention-1", 2022, "A100 (Ampere)",
-                 "first fused, tiled, IO-aware attention: S and P never reach HBM; parallel over batch x heads", True),
-    FlashVersion("FlashAttention-2", 2023, "A100 / general",
+    FlashVersion("FlashAttention-1", 2022, "Turing or Ampere (sm75, sm80, sm86)",
+                 "first fused, tiled, IO-aware attention: S and P never reach HBM; parallel over batch x heads", True,
+                 frozenset({(7, 5), (8, 0), (8, 6)})),
+    FlashVersion("FlashAttention-2", 2023, "Ampere, Ada or Hopper (sm80, sm86, sm89, sm90)",
                  "parallelizes over query blocks too, loops K/V inside (better occupancy, causal balance), "
-                 "fewer non-matmul FLOPs, work split between warps without shared-memory round trips", True),
-    FlashVersion("FlashAttention-3", 2024, "H100 / H200 (Hopper)",
+                 "fewer non-matmul FLOPs, work split between warps without shared-memory round trips", True,
+                 frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})),
+    FlashVersion("FlashAttention-3", 2024, "Hopper only (sm90: H100, H200)",
                  "warp specialization (producer warps issue TMA copies, consumer warps run wgmma), "
-                 "softmax overlapped with the matmuls, FP8 with per-block scaling", True),
-    FlashVersion("FlashAttention-4", 2026, "B200 / GB200 (Blackwell)",
+                 "softmax overlapped with the matmuls, FP8 with per-block scaling", True,
+                 frozenset({(9, 0)})),
+    FlashVersion("FlashAttention-4", 2026, "Blackwell (sm100: B200, GB200)",
                  "a five-stage copy/compute pipeline over Blackwell's tensor memory, and a software exp2 "
-                 "(polynomial) next to the hardware one; forward only at launch", False),
+                 "(polynomial) next to the hardware one; forward only at launch", False,
+                 frozenset({(10, 0)})),
 ]
 
-_BLACKWELL = {"B200", "GB200", "B100"}
-_HOPPER = {"H100", "H100 SXM", "H100 PCIe", "H200", "GH200"}
-_AMPERE_ADA = {"A100", "A100 40GB", "A100 80GB", "A10", "A6000", "L4", "L40", "L40S", "RTX 4090", "RTX 3090"}
+NO_FLASH = "no FlashAttention build; use SDPA's memory-efficient/cuDNN backend"
+
+# Compute capability of the GPUs the chapter (and the page) name.
+COMPUTE_CAPABILITY: dict[str, CC] = {
+    "V100": (7, 0),
+    "T4": (7, 5), "RTX 2080 Ti": (7, 5),
+    "A100": (8, 0), "A100 40GB": (8, 0), "A100 80GB": (8, 0), "A30": (8, 0),
+    "A10": (8, 6), "A10G": (8, 6), "A40": (8, 6), "A6000": (8, 6), "RTX 3090": (8, 6),
+    "L4": (8, 9), "L40": (8, 9), "L40S": (8, 9), "RTX 4090": (8, 9),
+    "H100": (9, 0), "H100 SXM": (9, 0), "H100 PCIe": (9, 0), "H200": (9, 0), "GH200": (9, 0),
+    "B100": (10, 0), "B200": (10, 0), "GB200": (10, 0),
+}
 
 
-def pick_flash(gpu: str, training: bool) -> str:
-    """The FlashAttention generation to deploy on ``gpu`` (forward-only inference or training)."""
+def compute_capability(gpu: str | CC) -> CC:
+    """``gpu`` as a (major, minor) compute capability: a known name, or the tuple itself."""
+    if isinstance(gpu, tuple):
+        if len(gpu) != 2 or not all(isinstance(x, int) and x >= 0 for x in gpu):
+            raise ValueError(f"compute capability must be (major, minor), got {gpu!r}")
+        return gpu
     if not isinstance(gpu, str) or not gpu.strip():
-        raise ValueError(f"gpu must be a non-empty name, got {gpu!r}")
+        raise ValueError(f"gpu must be a non-empty name or a (major, minor) tuple, got {gpu!r}")
     name = gpu.strip()
-    if name in _BLACKWELL:
-        return "FlashAttention-3" if training else "FlashAttention-4"  # FA4 launched without a backward
-    if name in _HOPPER:
-        return "FlashAttention-3"
-    if name in _AMPERE_ADA:
-        return "FlashAttention-2"
-    return "FlashAttention-2 (safe default)"
+    if name not in COMPUTE_CAPABILITY:
+        raise ValueError(f"unknown GPU {name!r}: pass its compute capability as a (major, minor) tuple")
+    return COMPUTE_CAPABILITY[name]
+
+
+def pick_flash(gpu: str | CC, training: bool) -> str:
+    """The newest FlashAttention version whose builds support ``gpu``'s compute capability (and that has a
+    backward pass when ``training``); ``NO_FLASH`` when none does."""
+    cc = compute_capability(gpu)
+    for ver in reversed(VERSIONS):
+        if cc in ver.compute_capabilities and (ver.backward or not training):
+            return ver.name
+    return NO_FLASH
