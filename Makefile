@@ -42,7 +42,7 @@ wheel-test: $(STAMP)
 site-test: book
 	$(PY) -m pytest -q -m site tests/test_site.py
 
-test: unit notebooks site-test
+test: unit notebooks wheel-test site-test
 
 # Re-execute every chapter in place after changing code they import (outputs are committed).
 execute: $(STAMP)
