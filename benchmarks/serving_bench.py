@@ -250,17 +250,9 @@ def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
 
 
 def held_out_prompts(n: int, n_bytes: int = 256) -> list[list[int]]:
-    """Python source the tiny model never saw (it trained on the standard library): this package's own files."""
-    from minillm.tokenizer import ByteTokenizer
-    tok = ByteTokenizer()
-    files = sorted((Path(__file__).resolve().parents[1] / "minillm").rglob("*.py"))
-    chunks = []
-    for f in files:
-        text = f.read_text()
-        for start in range(0, max(1, len(text) - n_bytes), 1500):
-            chunks.append(tok.encode(text[start:start + n_bytes]))
-    rng = np.random.default_rng(0)
-    return [chunks[i] for i in rng.choice(len(chunks), n, replace=False)]
+    """Python source the tiny model never saw (the frozen snapshot chapter 9 uses too)."""
+    from minillm.studies.speculation import held_out_source
+    return held_out_source(n, n_bytes)
 
 
 def run_speculative(model: TorchModel, device, dtype, batches=(1, 8, 64), ks=(0, 2, 4, 8), n_tokens: int = 128):

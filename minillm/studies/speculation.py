@@ -18,24 +18,22 @@ from typing import Iterable
 import numpy as np
 
 
-def held_out_source(n: int, n_bytes: int = 200, seed: int = 0, stride: int = 1500) -> list[list[int]]:
-    """``n`` byte-token chunks of ``n_bytes`` characters from minillm's own source, chosen at random (seeded).
+HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "held_out_python.txt"
 
-    Chunks start every ``stride`` characters of every ``.py`` file under the package, in sorted path order,
-    so the choice depends only on the package's source and the seed.
+
+def held_out_source(n: int, n_bytes: int = 200, seed: int = 0, stride: int = 1500) -> list[list[int]]:
+    """``n`` byte-token chunks of ``n_bytes`` characters of Python the models never saw, chosen at random (seeded).
+
+    The text is ``minillm/data/held_out_python.txt``: a frozen snapshot of this package's own source taken on
+    2026-12-02 (the models trained on the standard library). Frozen, so the chapters' numbers do not move
+    whenever the package's code is edited. Chunks start every ``stride`` characters.
     """
     from ..tokenizer import ByteTokenizer
     if n < 1 or n_bytes < 1:
         raise ValueError(f"n and n_bytes must be >= 1, got {n}, {n_bytes}")
     tok = ByteTokenizer()
-    root = Path(__file__).resolve().parents[1]
-    chunks = []
-    for f in sorted(root.rglob("*.py")):
-        text = f.read_text()
-        for start in range(0, max(1, len(text) - n_bytes), stride):
-            piece = text[start:start + n_bytes]
-            if len(piece) == n_bytes:
-                chunks.append(tok.encode(piece))
+    text = HELD_OUT.read_text()
+    chunks = [tok.encode(text[s:s + n_bytes]) for s in range(0, len(text) - n_bytes + 1, stride)]
     if n > len(chunks):
         raise ValueError(f"only {len(chunks)} chunks of {n_bytes} characters, asked for {n}")
     rng = np.random.default_rng(seed)
