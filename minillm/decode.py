@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model import StepOps, check_token_ids
+from .model import StepOps, check_prompt_ids
 from .sampling import greedy
 
 
@@ -44,22 +44,16 @@ class DecodeResult:
 
 def check_decode_args(model, prompt_ids, n_new: int) -> list[int]:
     """Shared validation for every decoder; returns the prompt as a list of ints."""
-    if isinstance(prompt_ids, (str, bytes)):
-        raise TypeError("prompt_ids must be token ids; encode text with ByteTokenizer first")
-    if np.size(prompt_ids) == 0:
-        raise ValueError("prompt is empty: a decoder needs at least one token to condition on")
-    ids = check_token_ids(prompt_ids, model.config.vocab_size)
-    if ids.ndim != 1:
-        raise ValueError(f"prompt_ids must be 1-D, got shape {ids.shape}")
+    ids = check_prompt_ids(prompt_ids, model.config.vocab_size)
     if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 1:
         raise ValueError(f"n_new must be a positive integer, got {n_new!r}")
     max_len = model.config.max_seq_len
-    if ids.size > max_len:
-        raise ValueError(f"prompt has {ids.size} tokens, longer than max_seq_len={max_len}")
+    if len(ids) > max_len:
+        raise ValueError(f"prompt has {len(ids)} tokens, longer than max_seq_len={max_len}")
     # The last sampled token is never fed back, so prompt + n_new - 1 positions are processed.
-    if ids.size + n_new - 1 > max_len:
-        raise ValueError(f"prompt ({ids.size}) + n_new ({n_new}) - 1 exceeds max_seq_len={max_len}")
-    return [int(t) for t in ids]
+    if len(ids) + n_new - 1 > max_len:
+        raise ValueError(f"prompt ({len(ids)}) + n_new ({n_new}) - 1 exceeds max_seq_len={max_len}")
+    return ids
 
 
 def naive_decode(model, prompt_ids, n_new: int, sampler=greedy) -> DecodeResult:

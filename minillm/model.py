@@ -162,6 +162,18 @@ def check_token_ids(ids, vocab_size: int) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def check_prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
+    """A prompt as a list of ints, or a clear error: text instead of ids, empty, not 1-D, out of vocabulary."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise TypeError("prompt_ids must be token ids; encode text with ByteTokenizer first")
+    if np.size(prompt_ids) == 0:
+        raise ValueError("prompt is empty: a decoder needs at least one token to condition on")
+    ids = check_token_ids(prompt_ids, vocab_size)
+    if ids.ndim != 1:
+        raise ValueError(f"prompt_ids must be 1-D, got shape {ids.shape}")
+    return [int(t) for t in ids]
+
+
 @dataclass
 class Model:
     """The NumPy reference model. ``forward`` is pure given (params, ids, cache)."""

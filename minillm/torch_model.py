@@ -39,6 +39,14 @@ class Block(nn.Module):
         self.w_gate, self.w_up, self.w_down = empty(d, cfg.d_ff), empty(d, cfg.d_ff), empty(cfg.d_ff, d)
 
 
+def _rotate_half(t, cos, sin):
+    """RoPE in the "rotate half" form of ``minillm.model.apply_rope``; cos/sin broadcast against t[..., :D/2]."""
+    half = t.shape[-1] // 2
+    t1, t2 = t[..., :half], t[..., half:]
+    c, s = cos.to(t.dtype), sin.to(t.dtype)
+    return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1)
+
+
 def _rms(x, w, eps):
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
@@ -68,9 +76,7 @@ class TorchModel(nn.Module):
         return {k: v.detach().float().cpu().numpy() for k, v in self.state_dict().items()}
 
     def rope(self, start: int, n: int, device):
-        pos = torch.arange(start, start + n, dtype=torch.float64, device=device)
-        ang = pos[:, None] * self.inv_freq.to(device)[None, :]
-        return ang.cos().float(), ang.sin().float()
+        return self.rope_at(torch.arange(start, start + n, device=device))
 
     def forward(self, ids: torch.Tensor, cache=None, ops: StepOps | None = None) -> torch.Tensor:
         """ids: (B, N) long tensor -> logits (B, N, V). Same semantics as ``Model.forward``."""
@@ -83,9 +89,7 @@ class TorchModel(nn.Module):
         hd = cfg.d_head
 
         def rot(t):  # (B, H, N, hd)
-            t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
-            c, s = cos.to(t.dtype), sin.to(t.dtype)
-            return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1)
+            return _rotate_half(t, cos, sin)
 
         def lin(x, w):
             if ops is not None:
@@ -142,10 +146,8 @@ class TorchModel(nn.Module):
         hd, H, Hkv = cfg.d_head, cfg.n_heads, cfg.n_kv_heads
         cos, sin = self.rope_at(positions)
 
-        def rot(t):  # (T, heads, hd)
-            t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
-            c, s_ = cos.to(t.dtype)[:, None], sin.to(t.dtype)[:, None]
-            return torch.cat([t1 * c - t2 * s_, t2 * c + t1 * s_], dim=-1)
+        def rot(t):  # (T, heads, hd): the tables broadcast over the heads
+            return _rotate_half(t, cos[:, None], sin[:, None])
 
         x = self.tok_emb[ids]
         for i, blk in enumerate(self.layers):

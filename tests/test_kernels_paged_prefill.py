@@ -9,7 +9,7 @@ from minillm.kernels.paged_prefill import paged_varlen_attention  # noqa: E402
 from minillm.paged.attention import gather_kv, paged_attention as decode_reference  # noqa: E402
 from minillm.paged.attention import paged_varlen_attention as reference  # noqa: E402
 
-from .test_paged_attention import _ragged_case  # noqa: E402
+from .test_paged_attention import BAD_BATCHES, _ragged_case  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # max |kernel - float64 reference on the same (rounded) inputs|; fp16 rounds P to fp16 before P @ V
@@ -108,16 +108,7 @@ def test_paged_varlen_attention_scale(rng):
     np.testing.assert_allclose(run(arrays, scale=0.3), reference(q, kc, vc, tables, lens, cu, scale=0.3), atol=2e-5)
 
 
-@pytest.mark.parametrize("mutate,match", [  # the NumPy reference's cases (tests/test_paged_attention.py)
-    (lambda a: a.update(cu=np.array([0, 2, 1, 4], np.int32)), "cu_seqlens_q must rise"),
-    (lambda a: a.update(cu=np.array([0, 1, 2, 5], np.int32)), "cu_seqlens_q must rise"),
-    (lambda a: a.update(lens=np.array([4, 8, 1], np.int32)), "context of only"),
-    (lambda a: a.update(cu=np.array([0, 1, 2, 4], np.int64)), "int32"),
-    (lambda a: a.update(tables=a["tables"] + 100), "outside the pool"),
-    (lambda a: a.update(q=a["q"][:2]), "every sequence needs"),
-    (lambda a: a.update(lens=np.array([4, 8, 200], np.int32)), "table covers"),
-    (lambda a: a.update(q=a["q"][:, :3]), "multiple"),
-])
+@pytest.mark.parametrize("mutate,match", BAD_BATCHES)   # the NumPy reference's cases
 def test_paged_varlen_attention_rejects_bad_batches(mutate, match, rng):
     q, kc, vc, tables, lens, cu = _ragged_case(rng, [1, 1, 2], [4, 8, 2])
     a = dict(q=q, tables=tables, lens=lens, cu=cu)

@@ -92,14 +92,20 @@ def test_paged_varlen_attention_with_one_token_each_is_decode_attention(rng):
                                paged_attention(q, kc, vc, tables, lens), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mutate,match", [
+# bad ragged batches, as mutations of _ragged_case(rng, [1, 1, 2], [4, 8, 2]); the Triton kernel's test reuses them
+BAD_BATCHES = [
     (lambda a: a.update(cu=np.array([0, 2, 1, 4], np.int32)), "cu_seqlens_q must rise"),
     (lambda a: a.update(cu=np.array([0, 1, 2, 5], np.int32)), "cu_seqlens_q must rise"),
     (lambda a: a.update(lens=np.array([4, 8, 1], np.int32)), "context of only"),
     (lambda a: a.update(cu=np.array([0, 1, 2, 4], np.int64)), "int32"),
     (lambda a: a.update(tables=a["tables"] + 100), "outside the pool"),
     (lambda a: a.update(q=a["q"][:2]), "every sequence needs"),
-])
+    (lambda a: a.update(lens=np.array([4, 8, 200], np.int32)), "table covers"),
+    (lambda a: a.update(q=a["q"][:, :3]), "multiple"),
+]
+
+
+@pytest.mark.parametrize("mutate,match", BAD_BATCHES)
 def test_paged_varlen_attention_rejects_bad_batches(rng, mutate, match):
     q, kc, vc, tables, lens, cu = _ragged_case(rng, [1, 1, 2], [4, 8, 2])
     a = dict(q=q, tables=tables, lens=lens, cu=cu)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..attention import check_attention_inputs
-from . import INTERPRETED
+from . import INTERPRETED, check_placement, check_tensors
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -40,9 +40,7 @@ last_forward_kernel = None  # the compiled forward of the latest call: its n_reg
 
 
 def check_inputs(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensors(q=q, k=k, v=v)
     # the layout rules are the NumPy reference's; only tensor-specific checks follow
     D = check_attention_inputs(q, k, v)[-1]
     if D > MAX_HEAD_DIM:
@@ -51,10 +49,7 @@ def check_inputs(q, k, v) -> None:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(f"tensors are on {q.device}; compiled Triton kernels need CUDA tensors")
+    check_placement(q=q, k=k, v=v)
 
 
 @triton.jit

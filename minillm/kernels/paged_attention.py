@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..paged.attention import check_paged_inputs
-from . import INTERPRETED
+from . import INTERPRETED, check_placement, check_tensors
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -123,18 +123,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     entry outside the pool, so it never reads out of bounds, but a bad table gives wrong numbers
     instead of an error.
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
-                    ("seq_lens", seq_lens)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     B, Hq, Hkv, D, block_size, num_blocks = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens,
                                                                check_table=validate)
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    if len({t.device for t in (q, k_cache, v_cache, block_table, seq_lens)}) != 1:
-        raise ValueError("q, caches, block_table and seq_lens must be on one device")
-    if q.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(f"tensors are on {q.device}; compiled Triton kernels need CUDA tensors")
+    check_placement(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     if D > 256:
         raise ValueError(f"unsupported head dim {D}: at most 256")
     if not 1 <= block_size <= 1024:

@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
-from . import INTERPRETED
+from . import INTERPRETED, check_placement, check_tensors
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -200,18 +200,14 @@ def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
     ``max_seqlen_q`` below the true one leaves rows of the output unwritten. Unvalidated, the kernel
     still never reads outside q, the table or the pool, but a bad batch gives wrong numbers, not an error.
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
-                    ("context_lens", context_lens), ("cu_seqlens_q", cu_seqlens_q)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens,
+                   cu_seqlens_q=cu_seqlens_q)
+    check_tensors(**tensors)
     T, S, Hq, Hkv, D, block_size, num_blocks = check_varlen_inputs(
         q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, check_table=validate)
     if q.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    if len({t.device for t in (q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)}) != 1:
-        raise ValueError("q, caches, block_tables, context_lens and cu_seqlens_q must be on one device")
-    if q.device.type != "cuda" and not INTERPRETED:
-        raise ValueError(f"tensors are on {q.device}; compiled Triton kernels need CUDA tensors")
+    check_placement(**tensors)
     if D > MAX_HEAD_DIM:
         raise ValueError(f"unsupported head dim {D}: at most {MAX_HEAD_DIM}")
     if validate:

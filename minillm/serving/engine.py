@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..model import check_token_ids
+from ..model import check_prompt_ids
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence
@@ -84,14 +84,7 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise TypeError("this engine has no tokenizer: pass token ids")
             prompt = self.tokenizer.encode(prompt)
-        if isinstance(prompt, bytes):
-            raise TypeError("prompt must be text or token ids, got bytes")
-        if np.size(prompt) == 0:
-            raise ValueError("prompt is empty: a request needs at least one token")
-        ids = check_token_ids(prompt, self.vocab_size)
-        if ids.ndim != 1:
-            raise ValueError(f"prompt token ids must be 1-D, got shape {ids.shape}")
-        return [int(t) for t in ids]
+        return check_prompt_ids(prompt, self.vocab_size)
 
     def add_request(self, prompt, params: SamplingParams | None = None, arrival_time: float | None = None) -> int:
         """Queue a request; return its id. Raises (and queues nothing) if the request is invalid."""
@@ -165,16 +158,11 @@ class LLMEngine:
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[int]:
         """Yield one request's tokens as they are sampled; other queued requests advance alongside."""
-        rid = self.add_request(prompt, params)
-        seq, sent = self.requests[rid], 0
+        seq, sent = self.requests[self.add_request(prompt, params)], 0
         while not seq.finished:
             self.step()
-            while sent < len(seq.output):
-                yield seq.output[sent]
-                sent += 1
-        while sent < len(seq.output):
-            yield seq.output[sent]
-            sent += 1
+            yield from seq.output[sent:]
+            sent = len(seq.output)
 
     def serve_trace(self, prompts, params, arrivals) -> list[RequestOutput]:
         """Serve requests that arrive over time (seconds on the runner's clock, sorted ascending).

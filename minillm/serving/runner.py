@@ -69,10 +69,14 @@ class StepCost:
     overhead: float = 0.0          # seconds per step (kernel launches, scheduling)
 
     def seconds(self, batch: StepBatch) -> float:
-        ctx = float(np.sum(batch.context_lens))
-        mem = self.weight_bytes + self.kv_bytes_per_token * ctx
-        comp = self.flops_per_token * batch.num_tokens + self.attn_flops_per_context_token * float(
-            np.sum(batch.num_new * batch.context_lens))
+        return self.seconds_for(batch.num_new, batch.context_lens)
+
+    def seconds_for(self, num_new, context_lens) -> float:
+        """The same for sequences given only by their new tokens and context lengths (new ones included)."""
+        num_new, ctx = np.asarray(num_new, np.float64), np.asarray(context_lens, np.float64)
+        mem = self.weight_bytes + self.kv_bytes_per_token * float(ctx.sum())
+        comp = self.flops_per_token * float(num_new.sum()) + self.attn_flops_per_context_token * float(
+            np.sum(num_new * ctx))
         return max(mem / self.bandwidth, comp / self.flops) + self.overhead
 
     @classmethod

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import torch
 
+from ..sampling import mix32
 from ..torch_model import TorchModel, torch_varlen_attention
 from .batch import StepBatch
 from .runner import sampling_arrays
@@ -24,20 +25,14 @@ from .runner import sampling_arrays
 _M32 = 0xFFFFFFFF
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """``minillm.sampling.mix32`` on int64 tensors (the low 32 bits of a wrapped product are exact)."""
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
-    x = ((x ^ (x >> 15)) * 0x846CA68B) & _M32
-    return x ^ (x >> 16)
-
-
 def counter_uniform(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``minillm.sampling.counter_uniform`` on the device: the same bits, so the same uniforms."""
+    """``minillm.sampling.counter_uniform`` on the device: the same hash (``mix32`` works on int64 tensors,
+    whose wrapped products keep the low 32 bits exact), so the same uniforms."""
     seed = (seed.long() & _M32)[:, None]
     step = (step.long() & _M32)[:, None]
     ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)[None, :]
-    h = _mix32(_mix32(_mix32(seed ^ 0x9E3779B9) ^ step) ^ ids)
-    h = _mix32(h ^ ((seed * 0x85EBCA6B) & _M32))
+    h = mix32(mix32(mix32(seed ^ 0x9E3779B9) ^ step) ^ ids)
+    h = mix32(h ^ ((seed * 0x85EBCA6B) & _M32))
     return (h.double() + 0.5) / 2.0**32
 
 

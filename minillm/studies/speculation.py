@@ -133,13 +133,10 @@ def pool_results(results: Iterable) -> SpecStats:
 def verify_step_seconds(cost, batch: int, rows_per_seq: int, context: int) -> float:
     """Roofline time of one step with ``batch`` sequences of ``context`` cached tokens, each computing
     ``rows_per_seq`` query rows (1 for plain decode, k+1 for a speculative verify), under a
-    :class:`minillm.serving.StepCost`: max(bytes / bandwidth, FLOPs / peak) + overhead."""
+    :class:`minillm.serving.StepCost` (its ``seconds_for``)."""
     if batch < 1 or rows_per_seq < 1 or context < 0:
         raise ValueError("batch and rows_per_seq must be >= 1, context >= 0")
-    tokens = batch * rows_per_seq
-    mem = cost.weight_bytes + cost.kv_bytes_per_token * batch * (context + rows_per_seq)
-    comp = cost.flops_per_token * tokens + cost.attn_flops_per_context_token * tokens * (context + rows_per_seq)
-    return max(mem / cost.bandwidth, comp / cost.flops) + cost.overhead
+    return cost.seconds_for(np.full(batch, rows_per_seq), np.full(batch, context + rows_per_seq))
 
 
 def batched_speedup_model(cost, alpha: float, k: int, batch: int, context: int) -> float:
