@@ -101,3 +101,95 @@ def sample_batch(logits: np.ndarray, temperature, top_k, top_p, seeds, steps) ->
         u = counter_uniform(pick(seeds), pick(steps), z.shape[1])
         out[hot] = np.argmax(zh - np.log(-np.log(u)), axis=1)
     return out.astype(np.int64)
+
+
+# --------------------------------------------------------------------------- speculative verification (engine)
+#
+# A speculating sequence's draft tokens are checked row by row: row i holds the target's logits after the
+# first i drafts. Three independent random streams per request keep the test exact: the drafter samples
+# d_i with stream DRAFT, the acceptance test draws its uniform from stream ACCEPT, and a rejected row
+# resamples from the residual with stream RESIDUAL. The bonus row (no draft) samples like any other row,
+# from the main stream, so a non-speculating engine and a speculating one share it.
+
+DRAFT, ACCEPT, RESIDUAL = 1, 2, 3
+
+
+def sub_seed(seeds, stream: int):
+    """A seed for random stream ``stream`` of each request: a hash of (seed, stream), works on int64 arrays
+    (NumPy or torch)."""
+    return mix32((seeds & _M32) ^ mix32((0x632BE5AB * stream) & _M32))
+
+
+def shaped_probs(logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.ndarray:
+    """softmax(shape_logits(...)) per row, in float64: the p (or q) that sampling and verification share."""
+    z = shape_logits(logits, temperature, top_k, top_p)
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds, steps) -> np.ndarray:
+    """One token per row of target logits, for rows that carry a draft token (``drafts[r] >= 0``) or not.
+
+    * A row without a draft samples as :func:`sample_batch` does.
+    * A greedy row returns the target's argmax (the scheduler accepts a draft that equals it).
+    * Otherwise the draft d is accepted (the row returns d) with probability min(1, p(d) / q(d)); if it is
+      rejected the row returns a sample from normalize(max(p - q, 0)), which never equals d. ``q`` holds the
+      drafter's shaped probabilities per row, or is None for drafts without probabilities (prompt lookup),
+      which count as one-hot: accepted with probability p(d).
+
+    So the scheduler's rule -- keep the drafts equal to their row's token, then take the next row's token --
+    emits exactly the target distribution (chapter 9's proof), and each row depends only on its own
+    (seed, step): batch-invariant like :func:`sample_batch`.
+    """
+    z = np.atleast_2d(np.asarray(logits, np.float64))
+    R, V = z.shape
+    drafts = np.asarray(drafts, np.int64)
+    out = sample_batch(z, temperature, top_k, top_p, seeds, steps)
+    t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))
+    rows = np.flatnonzero((drafts >= 0) & (t > 0))
+    if rows.size == 0:
+        return out
+    pick = lambda a: None if a is None else np.broadcast_to(np.asarray(a), (R,))[rows]  # noqa: E731
+    p = shaped_probs(z[rows], t[rows], pick(top_k), pick(top_p))
+    d = drafts[rows]
+    idx = np.arange(rows.size)
+    if q is None:
+        qd = np.ones(rows.size)
+        r = p.copy()
+        r[idx, d] = 0.0
+    else:
+        qr = np.asarray(q, np.float64)[rows]
+        qd = qr[idx, d]
+        r = np.maximum(p - qr, 0.0)
+    seeds, steps = pick(seeds), pick(steps)
+    u = counter_uniform(sub_seed(np.asarray(seeds, np.int64), ACCEPT), steps, 1)[:, 0]
+    accept = u * qd < p[idx, d]
+    g = -np.log(-np.log(counter_uniform(sub_seed(np.asarray(seeds, np.int64), RESIDUAL), steps, V)))
+    with np.errstate(divide="ignore"):
+        resid = np.argmax(np.log(r) + g, axis=1)
+    out[rows] = np.where(accept, d, resid)
+    return out
+
+
+def draft_batch(logits: np.ndarray, temperature, top_k, top_p, seeds, steps, want_probs: bool = True):
+    """A drafter's tokens, one per row, and their shaped probabilities q (None if every row is greedy).
+
+    Greedy rows take the argmax; other rows draw from q with the request's DRAFT stream, independent of
+    the streams :func:`verify_batch` uses."""
+    z = np.atleast_2d(np.asarray(logits, np.float64))
+    R = z.shape[0]
+    t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))
+    tokens = np.argmax(z, axis=1).astype(np.int64)
+    hot = np.flatnonzero(t > 0)
+    if hot.size == 0:
+        return tokens, None
+    pick = lambda a: None if a is None else np.broadcast_to(np.asarray(a), (R,))[hot]  # noqa: E731
+    zh = shape_logits(z[hot], t[hot], pick(top_k), pick(top_p))
+    u = counter_uniform(sub_seed(np.asarray(pick(seeds), np.int64), DRAFT), pick(steps), z.shape[1])
+    tokens[hot] = np.argmax(zh - np.log(-np.log(u)), axis=1)
+    if not want_probs:
+        return tokens, None
+    q = np.zeros_like(z)
+    e = np.exp(zh - zh.max(axis=1, keepdims=True))
+    q[hot] = e / e.sum(axis=1, keepdims=True)
+    return tokens, q

@@ -8,7 +8,8 @@ from minillm.decode import cached_decode  # noqa: E402
 from minillm.sampling import counter_uniform as np_uniform  # noqa: E402
 from minillm.sampling import sample_batch  # noqa: E402
 from minillm.serving import LLMEngine, SamplingParams, SchedulerConfig  # noqa: E402
-from minillm.serving.torch_runner import TorchRunner, counter_uniform, sample_on_device  # noqa: E402
+from minillm.serving.torch_runner import (TorchRunner, counter_uniform, draft_on_device,  # noqa: E402
+                                          sample_on_device, verify_on_device)
 
 from .test_serving_engine import random_trace, run_with_arrivals  # noqa: E402
 
@@ -38,6 +39,63 @@ def test_sample_on_device_picks_what_numpy_picks(rng):
         want = sample_batch(logits, t, k, p, seed, st)
         got = sample_on_device(*(torch.from_numpy(a) for a in (logits, t, k, p, seed, st)))
         assert got.tolist() == want.tolist()
+
+
+def test_sample_on_device_applies_top_p_after_top_k():
+    """p = (.5, .2, .1, .08, .07, .05), top-3 renormalizes to (.625, .25, .125): top-p 0.6 then keeps only
+    token 0. (Top-p over the unrenormalized p would keep token 1 too: a bug this test caught.)"""
+    logits = np.log(np.array([[0.5, 0.2, 0.1, 0.08, 0.07, 0.05]] * 64))
+    t, k, p = np.ones(64), np.full(64, 3), np.full(64, 0.6)
+    seed, step = np.arange(64), np.zeros(64, np.int64)
+    assert set(sample_batch(logits, t, k, p, seed, step).tolist()) == {0}
+    got = sample_on_device(*(torch.from_numpy(a) for a in (logits, t, k, p, seed, step)))
+    assert set(got.tolist()) == {0}
+
+
+def test_verify_and_draft_on_device_equal_numpy(rng):
+    """The speculative samplers on the device pick what NumPy picks: same streams, same float64 arithmetic."""
+    from minillm.sampling import draft_batch, verify_batch
+    R, V = 3000, 11
+    logits, ql = rng.normal(size=(R, V)) * 2, rng.normal(size=(R, V)) * 2
+    t = np.where(rng.random(R) < 0.2, 0.0, rng.choice([0.7, 1.0], R))
+    k, p = rng.choice([0, 3], R), rng.choice([1.0, 0.9], R)
+    seeds, steps = rng.integers(0, 2**31, R), rng.integers(0, 100, R)
+    T = lambda a: torch.from_numpy(np.asarray(a))  # noqa: E731
+    d, q = draft_batch(ql, t, k, p, seeds, steps)
+    d_dev, q_dev = draft_on_device(T(ql), T(t), T(k), T(p), T(seeds), T(steps))
+    np.testing.assert_array_equal(d_dev.numpy(), d)
+    np.testing.assert_allclose(q_dev.numpy(), q, atol=1e-12)
+    drafts = np.where(rng.random(R) < 0.3, -1, d)
+    for qq in (q, None):
+        want = verify_batch(logits, drafts, qq, t, k, p, seeds, steps)
+        got = verify_on_device(T(logits), T(drafts), None if qq is None else T(qq), T(t), T(k), T(p), T(seeds),
+                               T(steps))
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_torch_runner_draft_model_engine_equals_numpy_engine(tiny_model):
+    """A draft model inside the engine on torch runners (fp32, CPU): greedy and seeded temperature > 0
+    requests get exactly the NumPy engine's tokens (same streams, same verifier), with chunked prefill."""
+    from minillm import load_model
+    from minillm.serving import NumpyRunner
+    from minillm.serving.draft import DraftModelProposer
+    draft = load_model("draft")
+    prompts, outs, arrivals = random_trace(13, n=5)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, top_k=None if i % 2 else 30, max_tokens=o + 6,
+                             seed=i, ignore_eos=True) for i, o in enumerate(outs)]
+    cfg = tiny_model.config
+
+    def make(run):
+        return LLMEngine(run(tiny_model), 40, 8, cfg.max_seq_len, cfg.vocab_size,
+                         SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, num_speculative_tokens=3),
+                         eos_token_id=None, drafter=DraftModelProposer(run(draft)))
+
+    ref = run_with_arrivals(make(lambda m: NumpyRunner(m, 40, 8)), prompts, params, arrivals)
+    eng = make(lambda m: TorchRunner(m, 40, 8, dtype=torch.float32, attention="torch"))
+    got = run_with_arrivals(eng, prompts, params, arrivals)
+    for a, b in zip(ref, got):
+        assert a.token_ids == b.token_ids
+    assert 0 < eng.scheduler.spec_accepted < eng.scheduler.spec_proposed
 
 
 @pytest.mark.parametrize("attention", ["torch", "triton"])

@@ -7,10 +7,15 @@ sequence's whole context lives. A decode is a sequence with one new token, so on
 and prefill chunks. ``sample[s]`` says whether the step reaches the end of sequence s's tokens, i.e.
 whether its last row's logits give it a new token (a prefill chunk in the middle of a prompt does not).
 
-Speculative decoding (prompt-lookup drafts, greedy) gives a decoding sequence ``1 + len(draft)`` query
-rows: its last sampled token followed by the draft tokens, all verified in this one ragged pass.
-``logits_rows`` lists the rows whose logits the runner must turn into tokens: each sequence's last row,
-or all ``len(draft) + 1`` rows of a speculating one (``row_counts``), in sequence order.
+Speculative decoding gives a decoding sequence ``1 + len(draft)`` query rows: its last sampled token
+followed by the draft tokens, all verified in this one ragged pass. ``logits_rows`` lists the rows whose
+logits the runner must turn into tokens: each sequence's last row, or all ``len(draft) + 1`` rows of a
+speculating one (``row_counts``), in sequence order. A prompt-lookup draft is known when the step is
+scheduled; a draft model's is not (it needs the step's slots to write its own K/V), so the scheduler
+reserves ``k`` placeholder tokens (-1) and the engine's proposer fills them with :meth:`StepBatch.set_drafts`
+before the step runs, together with the draft probabilities q (``draft_probs``) that verification needs.
+
+:class:`RaggedStep` is the same layout built from explicit arrays: what a draft model runs.
 """
 from __future__ import annotations
 
@@ -65,7 +70,36 @@ class StepBatch:
         self.logits_rows = np.concatenate([self.cu_seqlens_q[s + 1] - self.row_counts[s] + np.arange(self.row_counts[s])
                                            for s in range(len(seqs))]).astype(np.int64)
         self.num_draft_tokens = int(self.row_counts.sum()) - len(seqs)
+        self.draft_probs = None      # (len(logits_rows), V) drafter probabilities per verify row, or None: one-hot
         self._arrays: dict[str, np.ndarray] | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def needs_drafts(self) -> bool:
+        """True while a reserved draft (placeholder -1 tokens) is waiting for a proposer."""
+        return any(d and d[0] < 0 for d in self.drafts)
+
+    def set_drafts(self, drafts: list[list[int]], draft_probs=None) -> None:
+        """Fill the reserved drafts (one list per sequence, each as long as its reservation) before the step
+        runs. ``draft_probs``: the drafter's probabilities, one row per entry of ``logits_rows`` (rows without
+        a draft are ignored), as a NumPy array or a tensor on the runner's device."""
+        if self._arrays is not None:
+            raise RuntimeError("set_drafts after the step's arrays were built")
+        if len(drafts) != len(self.drafts) or any(len(a) != len(b) for a, b in zip(drafts, self.drafts)):
+            raise ValueError("set_drafts needs one draft per sequence, each as long as its reservation "
+                             f"({[len(d) for d in self.drafts]}), got {[len(d) for d in drafts]}")
+        for row, d in enumerate(drafts):
+            if any(int(t) < 0 for t in d):
+                raise ValueError(f"sequence {self.seqs[row].seq_id}: draft tokens must be >= 0, got {list(d)}")
+        self.drafts = [[int(t) for t in d] for d in drafts]
+        self.draft_probs = draft_probs
+
+    def row_drafts(self) -> np.ndarray:
+        """Per logits row: the draft token that row verifies, or -1 (a sequence's last row verifies nothing)."""
+        return np.asarray([t for d in self.drafts for t in (*d, -1)], np.int64)
 
     def __repr__(self) -> str:
         return (f"StepBatch({len(self.seqs)} sequences, {self.num_tokens} tokens, "
@@ -77,6 +111,8 @@ class StepBatch:
         return cls(seqs, num_new, block_size, drafts)
 
     def _build_arrays(self) -> dict[str, np.ndarray]:
+        if self.needs_drafts:
+            raise RuntimeError("this step's drafts are reserved but not filled (the engine runs the proposer)")
         bs, ids, pos, slots = self._block_size, [], [], []
         for s, n, start, table, d in zip(self.seqs, self.num_new.tolist(), self._starts, self._tables, self.drafts):
             p = np.arange(start, start + n)
@@ -121,3 +157,24 @@ class StepBatch:
         seq_idx = np.repeat(np.arange(len(self.seqs)), self.row_counts)
         step = np.concatenate([len(s.output) + np.arange(c) for s, c in zip(self.seqs, self.row_counts)])
         return seq_idx, step.astype(np.int64)
+
+
+class RaggedStep:
+    """A ragged forward pass given by explicit arrays (the layout of :class:`StepBatch`): what a draft model
+    runs. ``logits_rows`` defaults to each sequence's last row."""
+
+    def __init__(self, input_ids, positions, slot_mapping, block_tables, num_new, logits_rows=None):
+        self.input_ids = np.asarray(input_ids, np.int64)
+        self.positions = np.asarray(positions, np.int64)
+        self.slot_mapping = np.asarray(slot_mapping, np.int64)
+        self.block_tables = np.asarray(block_tables, np.int32)
+        self.num_new = np.asarray(num_new, np.int64)
+        self.cu_seqlens_q = np.concatenate([[0], np.cumsum(self.num_new)]).astype(np.int32)
+        self.num_tokens = int(self.cu_seqlens_q[-1])
+        self.num_seqs = len(self.num_new)
+        if not (self.input_ids.shape == self.positions.shape == self.slot_mapping.shape == (self.num_tokens,)):
+            raise ValueError("input_ids, positions and slot_mapping need one entry per token")
+        self.context_lens = (self.positions[self.cu_seqlens_q[1:] - 1] + 1).astype(np.int32)
+        self.logits_rows = (self.cu_seqlens_q[1:] - 1).astype(np.int64) if logits_rows is None else \
+            np.asarray(logits_rows, np.int64)
+        self.drafts = [[] for _ in range(self.num_seqs)]

@@ -72,7 +72,10 @@ class LLMEngine:
             raise ValueError(f"block_manager has {block_manager.num_blocks} blocks of {block_manager.block_size}, "
                              f"the engine was told {num_blocks} of {block_size}")
         self.block_manager = block_manager      # or another memory manager (chapter 7's ContiguousManager)
+        if hasattr(drafter, "check_target"):    # a draft model: it must share the vocabulary and mirror the pool
+            drafter.check_target(vocab_size, max_model_len, num_blocks, block_size)
         self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len, drafter)
+        self.proposer = None if drafter is None or hasattr(drafter, "lookup") else drafter   # a draft model
         self.vocab_size, self.eos_token_id, self.tokenizer = int(vocab_size), eos_token_id, tokenizer
         self.requests: dict[int, Sequence] = {}
         self._next_id = 0
@@ -119,8 +122,14 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        if batch.needs_drafts:
+            self.proposer.propose(batch)       # a draft model fills the reserved drafts
         token_ids = self.runner.execute(batch)
         got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, self.runner.now())
+        if self.proposer is not None:
+            for s in got:
+                if s.finished:
+                    self.proposer.release(s)
         return [s.seq_id for s in got]
 
     def run(self, progress: bool = False) -> None:
@@ -223,15 +232,17 @@ class LLM:
     """``LLM("tiny").generate(prompts, SamplingParams(...))``: an engine for a model and a runner.
 
     runner: "numpy" (the reference, CPU), "torch" (the GPU path: torch model + Triton kernels) or
-    "simulated" (counts only). ``num_speculative_tokens=k`` verifies up to k prompt-lookup (n-gram) draft
-    tokens per decode step for greedy requests (chapter 9). ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
+    "simulated" (counts only). ``num_speculative_tokens=k`` verifies up to k draft tokens per decode step
+    (chapter 9), drafted by ``speculative_model``: "ngram" (prompt lookup, the default) or a draft model (a
+    shipped name such as "draft", or a ``Model``) run by a second runner of the same kind over a pool that
+    mirrors the target's. ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
     ``max_seq_len`` tokens, so nothing is preempted unless you ask for a smaller pool.
     """
 
     def __init__(self, model="tiny", runner: str = "numpy", num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_prefill_chunk: int | None = None,
                  enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, seed: int = 0,
-                 num_speculative_tokens: int = 0, **runner_kw):
+                 num_speculative_tokens: int = 0, speculative_model="ngram", **runner_kw):
         from ..model import Model, load_model
         from ..tokenizer import EOS, ByteTokenizer
 
@@ -239,27 +250,36 @@ class LLM:
         cfg = self.model.config
         if num_blocks is None:
             num_blocks = max_num_seqs * -(-cfg.max_seq_len // block_size)
-        if runner == "numpy":
-            from .runner import NumpyRunner
-            run = NumpyRunner(self.model, num_blocks, block_size)
-        elif runner == "torch":
-            from .torch_runner import TorchRunner
-            run = TorchRunner(self.model, num_blocks, block_size, **runner_kw)
-        elif runner == "simulated":
-            from .runner import SimulatedRunner
-            run = SimulatedRunner(**runner_kw)
-        else:
-            raise ValueError(f"runner must be 'numpy', 'torch' or 'simulated', got {runner!r}")
+        run = self._runner(runner, self.model, num_blocks, block_size, runner_kw)
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill,
                                 num_speculative_tokens=num_speculative_tokens)
         drafter = None
-        if num_speculative_tokens:
+        if num_speculative_tokens and speculative_model == "ngram":
             from ..speculative import NgramDrafter
             drafter = NgramDrafter()
+        elif num_speculative_tokens:
+            if runner == "simulated":
+                raise ValueError("a draft model needs a runner that computes ('numpy' or 'torch')")
+            from .draft import DraftModelProposer
+            draft = speculative_model if isinstance(speculative_model, Model) else load_model(speculative_model)
+            drafter = DraftModelProposer(self._runner(runner, draft, num_blocks, block_size, runner_kw))
         self.engine = LLMEngine(run, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched,
                                 enable_prefix_caching, eos_token_id=EOS, tokenizer=ByteTokenizer(), seed=seed,
                                 drafter=drafter)
+
+    @staticmethod
+    def _runner(kind: str, model, num_blocks: int, block_size: int, kw: dict):
+        if kind == "numpy":
+            from .runner import NumpyRunner
+            return NumpyRunner(model, num_blocks, block_size)
+        if kind == "torch":
+            from .torch_runner import TorchRunner
+            return TorchRunner(model, num_blocks, block_size, **kw)
+        if kind == "simulated":
+            from .runner import SimulatedRunner
+            return SimulatedRunner(**kw)
+        raise ValueError(f"runner must be 'numpy', 'torch' or 'simulated', got {kind!r}")
 
     def generate(self, prompts, params=None, progress: bool | None = None) -> list[RequestOutput]:
         return self.engine.generate(prompts, params, progress)

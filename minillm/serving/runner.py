@@ -7,8 +7,12 @@
   virtual clock with a step-cost model, so traces of thousands of requests run in seconds.
 
 A runner's contract: ``execute(batch) -> token_ids``, one token per entry of ``batch.logits_rows`` (one
-per sequence, or ``len(draft) + 1`` for a speculating one; those of sequences whose ``batch.sample`` is
-False are ignored), and ``now()``, the clock the engine stamps tokens with.
+per sequence, or ``len(draft) + 1`` for a speculating one, verified by
+:func:`minillm.sampling.verify_batch`; those of sequences whose ``batch.sample`` is False are ignored), and
+``now()``, the clock the engine stamps tokens with. A runner that also serves as a draft model
+(:class:`minillm.serving.draft.DraftModelProposer`) has ``logits(step, input_ids=None)`` for a
+:class:`~minillm.serving.batch.RaggedStep`, ``draft(logits, ...)``, and array helpers ``zeros``, ``index``
+and ``host`` for its backend.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..sampling import sample_batch
+from ..sampling import draft_batch, sample_batch, verify_batch
 from .batch import StepBatch
 
 
@@ -42,13 +46,37 @@ class NumpyRunner:
         self.vocab_size = cfg.vocab_size
         self.last_logits: np.ndarray | None = None
 
+    def logits(self, batch, input_ids=None) -> np.ndarray:
+        """The logits rows ``batch.logits_rows`` of one ragged forward (a StepBatch or a RaggedStep)."""
+        ids = batch.input_ids if input_ids is None else input_ids
+        return self.model.forward_ragged(ids, batch.positions, batch.slot_mapping, batch.block_tables,
+                                         batch.context_lens, batch.cu_seqlens_q, self.k_pool, self.v_pool,
+                                         logits_rows=batch.logits_rows)
+
     def execute(self, batch: StepBatch) -> np.ndarray:
-        logits = self.model.forward_ragged(batch.input_ids, batch.positions, batch.slot_mapping,
-                                           batch.block_tables, batch.context_lens, batch.cu_seqlens_q,
-                                           self.k_pool, self.v_pool, logits_rows=batch.logits_rows)
+        logits = self.logits(batch)
         self.last_logits = logits
         t, k, p, seed, step = sampling_arrays(batch)
+        if batch.num_draft_tokens:
+            return verify_batch(logits, batch.row_drafts(), batch.draft_probs, t, k, p, seed, step)
         return sample_batch(logits, t, k, p, seed, step)
+
+    # -- as a draft model ------------------------------------------------------------------------------
+    @staticmethod
+    def draft(logits, temperature, top_k, top_p, seeds, steps, want_probs: bool = True):
+        return draft_batch(logits, temperature, top_k, top_p, seeds, steps, want_probs)
+
+    @staticmethod
+    def zeros(rows: int, cols: int) -> np.ndarray:
+        return np.zeros((rows, cols))
+
+    @staticmethod
+    def index(idx: np.ndarray) -> np.ndarray:
+        return idx
+
+    @staticmethod
+    def host(x) -> np.ndarray:
+        return np.asarray(x)
 
     def now(self) -> float:
         return time.perf_counter()

@@ -38,8 +38,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_prefill_chunk: int | None = None     # prompt tokens one sequence may compute per step (None: budget)
     enable_chunked_prefill: bool = True      # False: a prompt is prefilled in one step or waits
-    num_speculative_tokens: int = 0          # k draft tokens verified per decode step (greedy requests; needs a
-                                             # drafter with lookup(tokens, k), e.g. minillm.speculative.NgramDrafter)
+    num_speculative_tokens: int = 0          # k draft tokens verified per decode step (needs a drafter: a prompt
+                                             # lookup, minillm.speculative.NgramDrafter, or a draft model,
+                                             # minillm.serving.draft.DraftModelProposer)
     static_batching: bool = False            # the baseline: admit a batch of up to max_num_seqs only when the
                                              # previous batch has entirely finished (no refill of free slots)
 
@@ -64,7 +65,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager | ContiguousManager,
                  max_model_len: int, drafter=None):
         if config.num_speculative_tokens and drafter is None:
-            raise ValueError("num_speculative_tokens > 0 needs a drafter (an object with lookup(tokens, k))")
+            raise ValueError("num_speculative_tokens > 0 needs a drafter (NgramDrafter or DraftModelProposer)")
         self.config, self.bm, self.max_model_len = config, block_manager, int(max_model_len)
         self.drafter = drafter
         self.spec_proposed = self.spec_accepted = self.spec_steps = 0
@@ -181,21 +182,30 @@ class Scheduler:
                                [drafts.get(s.seq_id, []) for s, _ in chosen] if drafts else None)
 
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
-        """Up to k draft tokens for a decoding greedy sequence, clipped to what it may still emit and hold."""
+        """Up to k draft tokens for a decoding sequence, clipped to what it may still emit and hold.
+
+        A prompt-lookup drafter (``lookup(tokens, k)``) answers now; any other drafter (a draft model, which
+        needs this step's slots for its own K/V) gets k placeholder tokens (-1) that the engine's proposer
+        fills before the step runs."""
         k = self.config.num_speculative_tokens
-        if not k or not seq.is_decoding or not seq.params.greedy:
+        if not k or not seq.is_decoding:
             return []
         k = min(k, seq.params.max_tokens - len(seq.output) - 1,   # it emits at most k + 1 tokens
                 self.max_model_len - len(seq),                     # drafts sit at positions len(seq)...
                 budget - 1)
-        return [int(t) for t in self.drafter.lookup(seq.tokens, k)][:k] if k > 0 else []
+        if k <= 0:
+            return []
+        if hasattr(self.drafter, "lookup"):
+            return [int(t) for t in self.drafter.lookup(seq.tokens, k)][:k]
+        return [-1] * k
 
     def postprocess(self, batch: StepBatch, token_ids, eos_token_id: int | None, now: float | None = None
                     ) -> list[Sequence]:
         """Account for a finished step: advance, name full blocks, append sampled tokens, retire finished.
 
         ``token_ids`` holds one token per entry of ``batch.logits_rows``; a speculating sequence's
-        ``len(draft) + 1`` tokens are the target's choices after each prefix of its draft.
+        ``len(draft) + 1`` tokens are the verifier's answers after each prefix of its draft (the draft token
+        itself where it is accepted: see :func:`minillm.sampling.verify_batch`).
         Returns the sequences that got a token this step.
         """
         now = time.perf_counter() if now is None else now
@@ -204,7 +214,7 @@ class Scheduler:
             draft = batch.drafts[row]
             off = int(batch.row_offsets[row])
             if draft:
-                # greedy verification: keep the drafts the target agrees with, then the target's own next token
+                # keep the drafts the verifier accepted, then the verifier's token at the first rejection (or the bonus)
                 toks = [int(t) for t in token_ids[off:off + len(draft) + 1]]
                 a = 0
                 while a < len(draft) and draft[a] == toks[a]:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from ..sampling import mix32
+from ..sampling import ACCEPT, DRAFT, RESIDUAL, mix32, sub_seed
 from ..torch_model import TorchModel, torch_varlen_attention
 from .batch import StepBatch
 from .runner import sampling_arrays
@@ -36,26 +36,69 @@ def counter_uniform(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> 
     return (h.double() + 0.5) / 2.0**32
 
 
-def sample_on_device(logits, temperature, top_k, top_p, seed, step) -> torch.Tensor:
-    """``minillm.sampling.sample_batch`` on the device, every row at once, no host sync.
-
-    Float64 like the NumPy version, so both pick the same token from the same logits (up to ties).
-    """
+def shape_on_device(logits, temperature, top_k, top_p) -> torch.Tensor:
+    """``minillm.sampling.shape_logits`` on the device (float64), rows with temperature 0 scaled by 1."""
     z = logits.double()
-    S, V = z.shape
-    greedy = z.argmax(dim=1)
+    V = z.shape[1]
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).double()
     z = z / t[:, None]
     zs, order = torch.sort(z, dim=1, descending=True, stable=True)
     k = torch.where((top_k <= 0) | (top_k >= V), torch.full_like(top_k, V), top_k)
     kth = zs.gather(1, (k - 1)[:, None])
-    ps = torch.softmax(zs, dim=1)
+    ps = torch.softmax(torch.where(zs < kth, torch.full_like(zs, -torch.inf), zs), dim=1)   # top-p after top-k
     before = torch.cumsum(ps, dim=1) - ps
     drop_sorted = (before >= top_p[:, None].double()) & (top_p[:, None] < 1)
     drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    z = torch.where((z < kth) | drop, torch.full_like(z, -torch.inf), z)
-    g = -torch.log(-torch.log(counter_uniform(seed, step, V)))
-    return torch.where(temperature > 0, (z + g).argmax(dim=1), greedy)
+    return torch.where((z < kth) | drop, torch.full_like(z, -torch.inf), z)
+
+
+def _gumbel(seed, step, V):
+    return -torch.log(-torch.log(counter_uniform(seed, step, V)))
+
+
+def sample_on_device(logits, temperature, top_k, top_p, seed, step) -> torch.Tensor:
+    """``minillm.sampling.sample_batch`` on the device, every row at once, no host sync.
+
+    Float64 like the NumPy version, so both pick the same token from the same logits (up to ties).
+    """
+    z = shape_on_device(logits, temperature, top_k, top_p)
+    drawn = (z + _gumbel(seed, step, z.shape[1])).argmax(dim=1)
+    return torch.where(temperature > 0, drawn, logits.argmax(dim=1))
+
+
+def verify_on_device(logits, drafts, q, temperature, top_k, top_p, seed, step) -> torch.Tensor:
+    """``minillm.sampling.verify_batch`` on the device: the same streams and float64 arithmetic."""
+    out = sample_on_device(logits, temperature, top_k, top_p, seed, step)
+    z = shape_on_device(logits, temperature, top_k, top_p)
+    p = torch.softmax(z, dim=1)
+    d = drafts.clamp(min=0)[:, None]
+    pd = p.gather(1, d)[:, 0]
+    if q is None:
+        qd = torch.ones_like(pd)
+        r = p.scatter(1, d, 0.0)
+    else:
+        q = q.double()
+        qd = q.gather(1, d)[:, 0]
+        r = (p - q).clamp(min=0)
+    u = counter_uniform(sub_seed(seed.long(), ACCEPT), step, 1)[:, 0]
+    accept = u * qd < pd
+    resid = (torch.log(r) + _gumbel(sub_seed(seed.long(), RESIDUAL), step, p.shape[1])).argmax(dim=1)
+    hot = (drafts >= 0) & (temperature > 0)
+    return torch.where(hot, torch.where(accept, d[:, 0], resid), out)
+
+
+def draft_on_device(logits, temperature, top_k, top_p, seed, step, want_probs: bool = True):
+    """``minillm.sampling.draft_batch`` on the device: tokens, and q (zeros on greedy rows) or None."""
+    greedy = logits.argmax(dim=1)
+    hot = temperature > 0
+    if not bool(hot.any()):               # the host knows this already; see TorchRunner.draft
+        return greedy, None
+    z = shape_on_device(logits, temperature, top_k, top_p)
+    tokens = torch.where(hot, (z + _gumbel(sub_seed(seed.long(), DRAFT), step, z.shape[1])).argmax(dim=1), greedy)
+    if not want_probs:
+        return tokens, None
+    q = torch.where(hot[:, None], torch.softmax(z, dim=1), torch.zeros_like(z))
+    return tokens, q
 
 
 class TorchRunner:
@@ -126,12 +169,12 @@ class TorchRunner:
         return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
                                          self.k_pool, self.v_pool, attn, logits_idx=st["last"])
 
-    def _fill(self, st: dict, batch: StepBatch) -> int:
+    def _fill(self, st: dict, batch, input_ids=None) -> int:
         """Copy a step into padded static buffers; padding sequences take 1 token each, the last takes the rest."""
-        S, T = len(batch.seqs), batch.num_tokens
+        S, T = batch.num_seqs, batch.num_tokens
         n_tok, n_seq = st["ids"].shape[0], st["lens"].shape[0]
         ids, pos, slots, tables, lens, cu = self._tensors(batch)
-        st["ids"][:T].copy_(ids)
+        st["ids"][:T].copy_(ids if input_ids is None else input_ids)
         st["pos"][:T].copy_(pos)
         st["pos"][T:].zero_()
         st["slots"][:T].copy_(slots)
@@ -206,8 +249,11 @@ class TorchRunner:
             self._decode_graph(n)
 
     @torch.inference_mode()
-    def execute(self, batch: StepBatch) -> np.ndarray:
-        S, T = len(batch.seqs), batch.num_tokens
+    def logits(self, batch, input_ids=None) -> torch.Tensor:
+        """The logits rows ``batch.logits_rows`` of one ragged forward (a StepBatch or a RaggedStep), from a
+        CUDA graph where one fits. ``input_ids``: a device tensor to use instead of ``batch.input_ids`` (a
+        draft model feeds its own last tokens without a trip through the host)."""
+        S, T = batch.num_seqs, batch.num_tokens
         decode_only = T == S
         graph = None
         if self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
@@ -220,26 +266,52 @@ class TorchRunner:
                 graph = self._mixed_graph(n_tok)
         if graph is not None:
             g, st, out = graph
-            R = self._fill(st, batch)
+            R = self._fill(st, batch, input_ids)
             g.replay()
-            logits = out[:R]
-        else:
-            ids, pos, slots, tables, lens, cu = self._tensors(batch)
-            attn = self._decode if decode_only else self._varlen
-            rows = torch.from_numpy(batch.logits_rows).to(self.device)
-            logits = self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
-                                               logits_idx=rows)
-        self.last_logits = logits
+            return out[:R]
+        ids, pos, slots, tables, lens, cu = self._tensors(batch)
+        if input_ids is not None:
+            ids = input_ids
+        attn = self._decode if decode_only else self._varlen
+        rows = torch.from_numpy(batch.logits_rows).to(self.device)
+        return self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
+                                         logits_idx=rows)
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch) -> np.ndarray:
+        logits = self.last_logits = self.logits(batch)
         if all(s.params.greedy for s in batch.seqs):
             tokens = logits.argmax(dim=1)          # the common case: no sort over the vocabulary
+        elif batch.num_draft_tokens:
+            drafts = torch.from_numpy(batch.row_drafts()).to(self.device)
+            tokens = verify_on_device(logits, drafts, batch.draft_probs, *self._sampling(batch))
         else:
             tokens = sample_on_device(logits, *self._sampling(batch))
         return tokens.cpu().numpy()
 
+    # -- as a draft model (minillm.serving.draft.DraftModelProposer) --------------------------------------
+    @torch.inference_mode()
+    def draft(self, logits, temperature, top_k, top_p, seeds, steps, want_probs: bool = True):
+        if not (np.asarray(temperature) > 0).any():
+            return logits.argmax(dim=1), None
+        dev = self.device
+        args = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in (temperature, top_k, top_p, seeds, steps)]
+        return draft_on_device(logits, *args, want_probs=want_probs)
+
+    def zeros(self, rows: int, cols: int) -> torch.Tensor:
+        return torch.zeros(rows, cols, dtype=torch.float64, device=self.device)
+
+    def index(self, idx: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(idx, np.int64)).to(self.device)
+
+    @staticmethod
+    def host(x) -> np.ndarray:
+        return x.cpu().numpy()
+
     @torch.inference_mode()
     def execute_padded(self, batch: StepBatch, n_tok: int, n_seq: int) -> np.ndarray:
         """The graph path's padding without a graph (eager, any device): for testing the padding on CPU."""
-        S = len(batch.seqs)
+        S = batch.num_seqs
         st = self._static(n_tok, n_seq, n_seq * (1 + max(len(d) for d in batch.drafts)))
         R = self._fill(st, batch)
         attn = self._decode if batch.num_tokens == S and n_tok == n_seq else self._varlen

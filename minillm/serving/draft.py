@@ -1,0 +1,134 @@
+"""A draft model inside the engine: batched drafting for every speculating sequence of a step.
+
+The scheduler reserves ``k`` draft slots for a decoding sequence (``StepBatch.drafts`` holds -1
+placeholders) and allocates blocks for ``1 + k`` new tokens. Before the step runs, the engine calls
+:meth:`DraftModelProposer.propose`, which runs the draft model ``k`` times over all those sequences at once:
+
+1. a ragged catch-up pass: each sequence feeds the tokens its draft cache is missing (usually the last
+   one or two: the token the target just emitted, and after a fully accepted round the last draft too;
+   the whole context the first time) and samples d_1 from the last row;
+2. ``k - 1`` decode passes, each feeding the previous draft token and sampling the next one.
+
+The draft model's K/V pool mirrors the target's block layout: the same block ids and slots, so it needs no
+block manager of its own. A sequence's blocks already cover positions up to ``len(seq) + k - 1``, and the
+draft writes at most up to ``len(seq) + k - 2``. Rolling back is free: after verification the draft's
+valid length is ``min(what it wrote, seq.num_computed)``, because the accepted tokens are exactly the
+drafts it fed, and anything past that is overwritten next time. A preempted sequence loses its blocks, so
+its draft cache starts again from zero.
+
+Sampling: greedy rows take the draft's argmax; other rows draw from q (shaped like p, by
+``minillm.sampling.shape_logits``) with the request's own DRAFT random stream, and q goes to the target's
+verifier (``StepBatch.draft_probs``) for the min(1, p/q) test. The draft runner is a ``NumpyRunner`` or a
+``TorchRunner`` built for the draft model with the target's ``num_blocks`` and ``block_size``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .batch import RaggedStep, StepBatch
+from .sequence import Sequence
+
+
+class DraftModelProposer:
+    def __init__(self, runner):
+        for attr in ("logits", "draft", "zeros", "index", "host"):
+            if not hasattr(runner, attr):
+                raise TypeError(f"a draft runner needs .{attr}() (NumpyRunner or TorchRunner), "
+                                f"got {type(runner).__name__}")
+        self.runner = runner
+        self.config = runner.model.config
+        self.block_size = int(runner.block_size)
+        self.num_blocks = int(runner.k_pool.shape[1])
+        self._written: dict[int, tuple[int, int]] = {}   # seq_id -> (preemptions then, tokens with draft K/V)
+        self.calls = 0                                    # draft forward passes
+        self.rounds = 0                                   # propose() calls that drafted something
+
+    def check_target(self, vocab_size: int, max_model_len: int, num_blocks: int, block_size: int) -> None:
+        """Raise unless this draft model can serve an engine with these settings."""
+        cfg = self.config
+        if cfg.vocab_size != vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from the target's "
+                             f"({vocab_size}): drafts would be ids of another tokenizer")
+        if cfg.max_seq_len < max_model_len:
+            raise ValueError(f"the draft model holds {cfg.max_seq_len} positions, fewer than the target's "
+                             f"{max_model_len}")
+        if self.block_size != block_size or self.num_blocks < num_blocks:
+            raise ValueError(f"the draft pool ({self.num_blocks} blocks of {self.block_size}) must mirror the "
+                             f"target's ({num_blocks} blocks of {block_size})")
+
+    def valid_tokens(self, seq: Sequence) -> int:
+        """How many of ``seq``'s leading tokens have K/V in the draft pool."""
+        w = self._written.get(seq.seq_id)
+        if w is None or w[0] != seq.num_preemptions:
+            return 0
+        return min(w[1], seq.num_computed)
+
+    def release(self, seq: Sequence) -> None:
+        self._written.pop(seq.seq_id, None)
+
+    def _slots(self, table, positions: np.ndarray) -> np.ndarray:
+        bs = self.block_size
+        return np.asarray(table, np.int64)[positions // bs] * bs + positions % bs
+
+    def propose(self, batch: StepBatch) -> None:
+        """Fill ``batch``'s reserved drafts (and ``draft_probs``) by running the draft model."""
+        rows = [i for i, d in enumerate(batch.drafts) if d]
+        if not rows:
+            return
+        run = self.runner
+        seqs = [batch.seqs[i] for i in rows]
+        ks = np.array([len(batch.drafts[i]) for i in rows])
+        lens = np.array([len(s) for s in seqs])
+        tables = np.zeros((len(seqs), max(len(s.block_table) for s in seqs)), np.int32)
+        for j, s in enumerate(seqs):
+            tables[j, :len(s.block_table)] = s.block_table
+        ps = [s.params for s in seqs]
+        temp = np.array([p.temperature for p in ps], np.float64)
+        top_k = np.array([p.top_k or 0 for p in ps], np.int64)
+        top_p = np.array([p.top_p for p in ps], np.float64)
+        seeds = np.array([s.seed for s in seqs], np.int64)
+        n_out = np.array([len(s.output) for s in seqs], np.int64)
+        want_q = bool((temp > 0).any())
+        R = len(batch.logits_rows)
+        q_all = run.zeros(R, self.config.vocab_size) if want_q else None
+
+        # pass 0: catch up on the tokens the draft cache is missing, sample d_1
+        ids, pos, slots, n_new = [], [], [], []
+        for j, s in enumerate(seqs):
+            v = self.valid_tokens(s)
+            p = np.arange(v, lens[j])
+            ids.extend(s.token(int(i)) for i in p)
+            pos.append(p)
+            slots.append(self._slots(s.block_table, p))
+            n_new.append(len(p))
+        step = RaggedStep(ids, np.concatenate(pos), np.concatenate(slots), tables, n_new)
+        active = np.arange(len(seqs))
+        tokens = []                                     # per pass: (indices into seqs, backend tokens)
+        prev = None
+        for i in range(int(ks.max())):
+            if i > 0:
+                keep = ks[active] > i                   # sequences that still want a draft
+                if not keep.all():
+                    prev = prev[run.index(np.flatnonzero(keep))]
+                active = active[keep]
+                p = lens[active] + i - 1                # d_i is fed at position len + i - 1
+                step = RaggedStep(np.zeros(len(active), np.int64), p,
+                                  np.array([self._slots(seqs[j].block_table, p[n:n + 1])[0]
+                                            for n, j in enumerate(active)]), tables[active], np.ones(len(active)))
+            logits = run.logits(step, input_ids=prev if i > 0 else None)
+            self.calls += 1
+            tok, q = run.draft(logits, temp[active], top_k[active], top_p[active], seeds[active],
+                               n_out[active] + i, want_probs=want_q)
+            tokens.append((active, tok))
+            if q is not None:
+                dst = np.array([batch.row_offsets[rows[j]] + i for j in active])
+                q_all[run.index(dst)] = q
+            prev = tok
+        drafts = [[] for _ in batch.drafts]
+        for active_i, tok in tokens:                    # one trip to the host for every pass
+            for j, t in zip(active_i, run.host(tok)):
+                drafts[rows[j]].append(int(t))
+        for j, s in enumerate(seqs):
+            self._written[s.seq_id] = (s.num_preemptions, int(lens[j] + ks[j] - 1))
+        self.rounds += 1
+        batch.set_drafts(drafts, q_all)
