@@ -74,6 +74,12 @@ serving-final)  # after fusing QKV/gate-up: the 1B batch-1 roofline and profile 
   timeout 200 python3 benchmarks/serving_bench.py --models llama1b --parts roofline profile \
     --out "$OUT/serving_1b_fused_h200.json" > "$OUT/serving_1b_fused_h200.txt" 2>&1
   tail -3 "$OUT/serving_1b_fused_h200.txt" ;;
+speculative)  # chapter 9: GPU tests of the speculative paths, then the engine benchmark (batch 1, batch sweep, 1B costs)
+  timeout 200 python3 -m pytest -v -p no:cacheprovider tests/test_serving_torch_runner.py tests/test_sampling.py \
+    > "$OUT/speculative_tests.txt" 2>&1
+  tail -3 "$OUT/speculative_tests.txt"
+  timeout 380 python3 benchmarks/speculative_bench.py --out "$OUT/speculative_h200.json" > "$OUT/speculative_h200.txt" 2>&1
+  tail -30 "$OUT/speculative_h200.txt" ;;
 serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model (random bf16 weights)
   timeout 560 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
     > "$OUT/serving_1b_h200.txt" 2>&1
