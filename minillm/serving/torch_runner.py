@@ -12,6 +12,7 @@ The pools have one extra block past the block manager's: padded graph rows write
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -197,6 +198,7 @@ class TorchRunner:
     def _capture(self, key, n_tok: int, n_seq: int, attn):
         dev = self.device
         st = self._static(n_tok, n_seq, self.mixed_rows if key[0] == "mixed" else n_seq)
+        gc.collect()    # a dead runner's graphs must not be destroyed by the collector during this capture
         s = torch.cuda.Stream(device=dev)
         s.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(s):
