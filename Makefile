@@ -33,7 +33,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests
 
 notebooks: $(STAMP)
-	$(PY) -m pytest -q --nbval chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
+	$(PY) -m pytest -q --nbval intro.ipynb chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
 
 # Every chapter executed from the installed wheel, in a folder outside the clone.
 wheel-test: $(STAMP)
@@ -46,7 +46,7 @@ test: unit notebooks wheel-test site-test
 
 # Re-execute every chapter in place after changing code they import (outputs are committed).
 execute: $(STAMP)
-	$(PY) tools/execute_notebooks.py $(CHAPTERS)
+	$(PY) tools/execute_notebooks.py intro.ipynb $(CHAPTERS)
 
 # A wheel with the checkpoints and recorded results inside (for Colab or a bare GPU box): dist/*.whl
 dist: $(STAMP)

@@ -74,6 +74,38 @@ def _tile_mask(i0: int, i1: int, j0: int, j1: int, nq: int, nk: int) -> np.ndarr
     return (np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None] + (nk - nq))
 
 
+TILE_SKIPPED, TILE_FULL, TILE_MASKED = 0, 1, 2
+
+
+def tile_plan(nq: int, nk: int, block_m: int, block_n: int, causal: bool) -> np.ndarray:
+    """What the Triton forward kernel does with each (query tile, key tile) pair: an int array of shape
+    (ceil(nq / block_m), ceil(nk / block_n)) holding ``TILE_FULL`` (computed with no mask),
+    ``TILE_MASKED`` (computed with the causal / ragged-edge mask) or ``TILE_SKIPPED`` (never loaded).
+
+    The bounds are the kernel's: key tiles left of ``full`` are valid for every row of the query tile, the
+    loop stops at ``hi`` (the causal diagonal, bottom-right aligned), and the tiles in between are masked.
+    """
+    for name, val in (("nq", nq), ("nk", nk), ("block_m", block_m), ("block_n", block_n)):
+        if not isinstance(val, (int, np.integer)) or val < 1:
+            raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    n_m, n_n = -(-nq // block_m), -(-nk // block_n)
+    plan = np.full((n_m, n_n), TILE_SKIPPED, dtype=np.int8)
+    offset = nk - nq
+    for pid_m in range(n_m):
+        full, hi = (nk // block_n) * block_n, nk
+        if causal:
+            hi = min(nk, (pid_m + 1) * block_m + offset)
+            first_row_sees = max(pid_m * block_m + offset + 1, 0)
+            full = min(full, (first_row_sees // block_n) * block_n)
+        for j in range(n_n):
+            start = j * block_n
+            if start < full:
+                plan[pid_m, j] = TILE_FULL
+            elif start < hi:
+                plan[pid_m, j] = TILE_MASKED
+    return plan
+
+
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, block_m: int = 64,
                     block_n: int = 64, return_lse: bool = False):
     """Tiled attention with a running (m, l): the FlashAttention forward, in NumPy.

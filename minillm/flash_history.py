@@ -7,9 +7,12 @@ taken from the flash-attention repository's README:
 * FlashAttention-1: "Turing or Ampere" GPUs (sm75, sm80, sm86);
 * FlashAttention-2: "Ampere, Ada, or Hopper GPUs" (sm80, sm86, sm89, sm90);
 * FlashAttention-3: "optimized for Hopper GPUs (e.g. H100)" (sm90);
-* FlashAttention-4: Blackwell data-center GPUs (sm100), forward only at launch.
+* FlashAttention-4: "optimized for Hopper and Blackwell GPUs (e.g. H100, B200)" (sm90, sm100); its first
+  release (June 2025) was a Blackwell forward kernel, and the repository has had backward kernels for sm90
+  and sm100 since the autumn of 2025 (``flash_attn/cute/flash_bwd_sm90.py``, ``flash_bwd_sm100.py``).
 
-``pick_flash`` decides by compute capability, never by a GPU's marketing name alone.
+``pick_flash`` decides by compute capability, never by a GPU's marketing name alone; ``supports`` says
+whether a given version runs on a GPU (in training, too), which is how a recommendation is checked.
 """
 from __future__ import annotations
 
@@ -40,10 +43,10 @@ VERSIONS = [
                  "warp specialization (producer warps issue TMA copies, consumer warps run wgmma), "
                  "softmax overlapped with the matmuls, FP8 with per-block scaling", True,
                  frozenset({(9, 0)})),
-    FlashVersion("FlashAttention-4", 2026, "Blackwell (sm100: B200, GB200)",
-                 "a five-stage copy/compute pipeline over Blackwell's tensor memory, and a software exp2 "
-                 "(polynomial) next to the hardware one; forward only at launch", False,
-                 frozenset({(10, 0)})),
+    FlashVersion("FlashAttention-4", 2026, "Hopper and Blackwell (sm90, sm100: H100, H200, B200, GB200)",
+                 "written in CuTe-DSL; on Blackwell, asynchronous MMAs into tensor memory, a software exp2 "
+                 "(polynomial) next to the hardware one, and softmax rescaling only when the max grows enough",
+                 True, frozenset({(9, 0), (10, 0)})),
 ]
 
 NO_FLASH = "no FlashAttention build; use SDPA's memory-efficient/cuDNN backend"
@@ -72,6 +75,16 @@ def compute_capability(gpu: str | CC) -> CC:
     if name not in COMPUTE_CAPABILITY:
         raise ValueError(f"unknown GPU {name!r}: pass its compute capability as a (major, minor) tuple")
     return COMPUTE_CAPABILITY[name]
+
+
+def supports(version: str, gpu: str | CC, training: bool) -> bool:
+    """Whether FlashAttention ``version`` (a name in ``VERSIONS``) has builds for ``gpu`` (and a backward pass
+    when ``training``)."""
+    by_name = {v.name: v for v in VERSIONS}
+    if version not in by_name:
+        raise ValueError(f"unknown FlashAttention version {version!r}; known: {sorted(by_name)}")
+    ver = by_name[version]
+    return compute_capability(gpu) in ver.compute_capabilities and (ver.backward or not training)
 
 
 def pick_flash(gpu: str | CC, training: bool) -> str:

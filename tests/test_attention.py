@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from minillm.attention import causal_mask, standard_attention
+from minillm.attention import TILE_FULL, TILE_MASKED, TILE_SKIPPED, causal_mask, standard_attention, tile_plan
 
 
 def loop_attention(q, k, v, causal, scale):
@@ -172,3 +172,37 @@ def test_flash_attention_backward_rejects_wrong_shapes(rng):
     q, k, v = rng.normal(size=(3, 1, 2, 4, 8))
     with pytest.raises(ValueError, match="lse"):
         flash_attention_backward(q, k, v, q, np.zeros((1, 2)), q)
+
+
+@pytest.mark.parametrize("nq,nk", [(64, 64), (100, 100), (37, 90), (90, 37), (1, 50), (128, 128)])
+@pytest.mark.parametrize("bm,bn", [(16, 16), (32, 16), (16, 32), (64, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_plan_agrees_with_the_mask(nq, nk, bm, bn, causal):
+    plan = tile_plan(nq, nk, bm, bn, causal)
+    visible = causal_mask(nq, nk) if causal else np.ones((nq, nk), bool)
+    assert plan.shape == (-(-nq // bm), -(-nk // bn))
+    for i in range(plan.shape[0]):
+        for j in range(plan.shape[1]):
+            tile = visible[i * bm:(i + 1) * bm, j * bn:(j + 1) * bn]
+            full_width = tile.shape[1] == bn  # rows past nq are never stored, so they need no mask
+            if plan[i, j] == TILE_FULL:      # no mask needed: every entry visible and no ragged edge
+                assert tile.all() and full_width
+            elif plan[i, j] == TILE_SKIPPED:  # never loaded: nothing in it is visible
+                assert not tile.any()
+            else:
+                assert plan[i, j] == TILE_MASKED
+            if tile.any():
+                assert plan[i, j] != TILE_SKIPPED
+
+
+def test_tile_plan_causal_skips_about_half():
+    plan = tile_plan(4096, 4096, 128, 128, causal=True)
+    assert (plan == TILE_SKIPPED).sum() == 32 * 31 // 2
+    assert (plan == TILE_MASKED).sum() == 32  # only the diagonal tiles pay for the mask
+    assert (tile_plan(4096, 4096, 128, 128, causal=False) == TILE_FULL).all()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, None])
+def test_tile_plan_rejects_bad_sizes(bad):
+    with pytest.raises(ValueError):
+        tile_plan(64, 64, bad, 16, causal=True)

@@ -1,22 +1,24 @@
 import pytest
 
-from minillm.flash_history import NO_FLASH, VERSIONS, compute_capability, pick_flash
+from minillm.flash_history import NO_FLASH, VERSIONS, compute_capability, pick_flash, supports
 
 BY_NAME = {v.name: v for v in VERSIONS}
 
 
 def test_supported_architectures_follow_the_flash_attention_readme():
-    # FA1 "Turing or Ampere"; FA2 "Ampere, Ada, or Hopper GPUs"; FA3 "optimized for Hopper GPUs (e.g. H100)"
+    # FA1 "Turing or Ampere"; FA2 "Ampere, Ada, or Hopper GPUs"; FA3 "optimized for Hopper GPUs (e.g. H100)";
+    # FA4 "optimized for Hopper and Blackwell GPUs (e.g. H100, B200)", with backward kernels for both
     assert BY_NAME["FlashAttention-1"].compute_capabilities == {(7, 5), (8, 0), (8, 6)}
     assert BY_NAME["FlashAttention-2"].compute_capabilities == {(8, 0), (8, 6), (8, 9), (9, 0)}
     assert BY_NAME["FlashAttention-3"].compute_capabilities == {(9, 0)}
-    assert BY_NAME["FlashAttention-4"].compute_capabilities == {(10, 0)}
+    assert BY_NAME["FlashAttention-4"].compute_capabilities == {(9, 0), (10, 0)}
+    assert BY_NAME["FlashAttention-4"].backward
 
 
 @pytest.mark.parametrize("gpu,training,want", [
     ("B200", False, "FlashAttention-4"), ("GB200", False, "FlashAttention-4"),
-    ("B200", True, NO_FLASH),  # FA3 is Hopper-only, FA2 stops at sm90, FA4 has no backward
-    ("H200", True, "FlashAttention-3"), ("H100", False, "FlashAttention-3"),
+    ("B200", True, "FlashAttention-4"),  # FA3 is Hopper-only and FA2 stops at sm90; FA4 has a backward pass
+    ("H200", True, "FlashAttention-4"), ("H100", False, "FlashAttention-4"),  # the newest version covering sm90
     ("A100", True, "FlashAttention-2"), ("A6000", False, "FlashAttention-2"), ("L40S", False, "FlashAttention-2"),
     ("L4", True, "FlashAttention-2"), ("RTX 4090", False, "FlashAttention-2"),
     ("T4", False, "FlashAttention-1"), ("T4", True, "FlashAttention-1"),  # Turing: FA1 only
@@ -27,7 +29,7 @@ def test_pick_flash_by_compute_capability(gpu, training, want):
 
 
 @pytest.mark.parametrize("cc,want", [((7, 5), "FlashAttention-1"), ((8, 9), "FlashAttention-2"),
-                                     ((9, 0), "FlashAttention-3"), ((7, 0), NO_FLASH), ((12, 0), NO_FLASH)])
+                                     ((9, 0), "FlashAttention-4"), ((7, 0), NO_FLASH), ((12, 0), NO_FLASH)])
 def test_pick_flash_accepts_a_compute_capability(cc, want):
     assert pick_flash(cc, training=True) == want
 
@@ -53,3 +55,18 @@ def test_pick_flash_rejects_unknown_or_empty(bad):
 
 def test_versions_are_in_order():
     assert [v.year for v in VERSIONS] == sorted(v.year for v in VERSIONS) and len(VERSIONS) == 4
+
+
+@pytest.mark.parametrize("version,gpu,training,want", [
+    ("FlashAttention-3", "H100", True, True), ("FlashAttention-3", "B200", True, False),
+    ("FlashAttention-2", "T4", False, False), ("FlashAttention-2", "A100", True, True),
+    ("FlashAttention-4", "B200", True, True), ("FlashAttention-4", "A100", False, False),
+    ("FlashAttention-1", "V100", False, False),
+])
+def test_supports_checks_a_recommendation(version, gpu, training, want):
+    assert supports(version, gpu, training) is want
+
+
+def test_supports_rejects_an_unknown_version():
+    with pytest.raises(ValueError):
+        supports("FlashAttention-9", "H100", False)
