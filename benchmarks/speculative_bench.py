@@ -8,6 +8,7 @@ Three parts, every configuration measured in the same process against its own no
               at k = 2, 4, 6, 8, and prompt lookup (n-gram) at k = 2, 4, 8, 12, greedy (each output compared token
               for token with the target alone); then temperature 0.8 with top-p 0.95 (sampled, so no identity
               check; the exactness of sampled speculation is tested on CPU).
+* ``b1_fp32`` -- the same in float32, where greedy speculation must reproduce the target alone token for token.
 * ``batch`` -- engine throughput at batch 1, 8 and 64 with each drafter at k = 4: where speculation stops paying.
 * ``1b``    -- a Llama-3.2-1B-shaped target with random weights and a tiny-shaped random draft (same vocabulary):
               only the per-call costs (a verify step of k + 1 rows, a plain decode step, a draft pass), since
@@ -140,16 +141,23 @@ def part_b1(target, draft_model, device, n_prompts: int, n_new: int) -> list[dic
                   f"target {row['target_step_ms']:.3f} ms draft {row['draft_round_ms']} ms "
                   f"identical={row['identical_to_target_alone']}", flush=True)
             del eng
-    # bf16 outputs can leave the target-alone run where a verify step (the varlen kernel over k + 1 rows)
-    # rounds differently from a decode step and two logits nearly tie; in fp32 they must not
-    for drafter, k in ((None, 0), ("draft_model", 4), ("ngram", 4)):
-        params = SamplingParams(max_tokens=n_new, ignore_eos=True)
+    return rows
+
+
+def part_b1_fp32(target, draft_model, device, n_prompts: int, n_new: int) -> list[dict]:
+    """bf16 outputs can leave the target-alone run where a verify step (the varlen kernel over k + 1 rows)
+    rounds differently from a decode step and two logits nearly tie; in float32 they must not."""
+    prompts = held_out_source(n_prompts, 200)
+    params = SamplingParams(max_tokens=n_new, ignore_eos=True)
+    rows, ref32, base = [], None, None
+    for drafter, k in ((None, 0), ("draft_model", 2), ("draft_model", 4), ("ngram", 4), ("ngram", 8), ("ngram", 12)):
         row, toks = measure(engine(target, drafter, draft_model, k, 1, device, 64 * 32, torch.float32), prompts, params)
         ref32 = toks if drafter is None else ref32
+        base = row["tok_per_s"] if drafter is None else base
         rows.append(row | {"part": "b1_fp32", "batch": 1, "drafter": drafter or "none", "k": k, "temperature": 0.0,
-                           "dtype": "float32",
+                           "dtype": "float32", "speedup": row["tok_per_s"] / base,
                            "identical_to_target_alone": sum(a == b for a, b in zip(toks, ref32)) / len(toks)})
-        print(f"b1 fp32 {rows[-1]['drafter']:11s} k={k} {row['tok_per_s']:8.0f} tok/s "
+        print(f"b1 fp32 {rows[-1]['drafter']:11s} k={k} {row['tok_per_s']:8.0f} tok/s {rows[-1]['speedup']:.2f}x "
               f"identical={rows[-1]['identical_to_target_alone']}", flush=True)
     return rows
 
@@ -201,7 +209,7 @@ def part_1b(device, n_new: int) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--parts", nargs="+", default=["b1", "batch", "1b"])
+    ap.add_argument("--parts", nargs="+", default=["b1", "b1_fp32", "batch", "1b"])
     ap.add_argument("--prompts", type=int, default=32)     # 8 prompts moved the n-gram speedup by 1.5x between runs
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--device", default="cuda")
@@ -218,6 +226,9 @@ def main():
 
     if "b1" in args.parts:
         result["rows"] += part_b1(target, draft_model, device, args.prompts, args.new)
+        save()
+    if "b1_fp32" in args.parts:
+        result["rows"] += part_b1_fp32(target, draft_model, device, args.prompts, args.new)
         save()
     if "batch" in args.parts:
         result["rows"] += part_batch(target, draft_model, device, args.new)
