@@ -41,7 +41,10 @@ class GPUSpec:
     (the physical on-chip SRAM block); ``smem_per_sm_bytes`` is the largest part
     of it a kernel may claim as shared memory (what a tiling kernel can plan on).
     FLOP/s figures are dense tensor-core peaks; ``None`` marks a dtype the tensor
-    cores do not support.
+    cores do not support. ``regs_per_sm_bytes`` is one SM's register file: 64K
+    32-bit registers on every architecture listed here (CUDA C++ Programming
+    Guide, "Technical Specifications per Compute Capability", compute
+    capabilities 7.5 to 10.0).
     """
 
     name: str
@@ -55,6 +58,7 @@ class GPUSpec:
     bf16_flops: float | None
     fp8_flops: float | None
     sources: str
+    regs_per_sm_bytes: int = 64 * KiB * 4
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense tensor-core FLOP/s for ``dtype`` ("fp16", "bf16" or "fp8")."""
@@ -387,30 +391,36 @@ def roofline(gpu, intensity, dtype: str = "bf16"):
     return float(out) if out.ndim == 0 else out
 
 
-def plot_roofline(ax, gpu, points=(), dtype: str = "bf16"):
+def plot_roofline(ax, gpu, points=(), dtype: str = "bf16", fontsize: float = 9):
     """Draw ``gpu``'s roofline on a log-log ``ax`` and mark measured ``points``.
 
     ``ax`` is any matplotlib Axes; ``points`` is a sequence of (label,
-    intensity FLOP/byte, achieved FLOP/s). Returns ``ax``.
+    intensity FLOP/byte, achieved FLOP/s). Each point gets its own color and
+    marker and is named in a two-column legend under the axes, so no label
+    overlaps a point or another label, and none runs off the plot (call
+    ``fig.tight_layout()`` afterwards to make room for it). Returns ``ax``.
     """
     # ax comes from the caller's matplotlib, so this module itself never imports it.
     spec = _gpu(gpu)
     ridge = spec.ridge(dtype)
+    peak = spec.peak_flops(dtype)
     xs = [p[1] for p in points]
     lo = min([ridge / 300, *xs]) / 2
     hi = max([ridge * 30, *xs]) * 2
     grid = np.geomspace(lo, hi, 400)
     ax.plot(grid, roofline(spec, grid, dtype), color="black", lw=2,
-            label=f"{spec.name}: {spec.hbm_bw / TB:.2f} TB/s, {spec.peak_flops(dtype) / 1e12:.0f} {dtype} TFLOP/s")
-    ax.axvline(ridge, color="gray", ls="--", lw=1)
-    ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, spec.peak_flops(dtype)), textcoords="offset points",
-                xytext=(5, -14), fontsize=8, color="gray")
-    for label, x, y in points:
-        ax.scatter([x], [y], s=30, zorder=3)
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            label=f"{spec.name} roof: {spec.hbm_bw / TB:.2f} TB/s, {peak / 1e12:.0f} {dtype} TFLOP/s")
+    ax.axvline(ridge, color="gray", ls="--", lw=1, label=f"ridge: {ridge:.0f} FLOP/B")
+    markers = "osD^vP*Xh<>"
+    for i, (label, x, y) in enumerate(points):
+        ax.scatter([x], [y], s=40, zorder=3, marker=markers[i % len(markers)], color=f"C{i % 10}", label=label)
+    ys = [p[2] for p in points]
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(min([peak / 3e3, *ys]) / 2, peak * 3)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte of HBM traffic)")
-    ax.set_ylabel("FLOP/s")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of HBM traffic)", fontsize=fontsize + 1)
+    ax.set_ylabel("FLOP/s", fontsize=fontsize + 1)
+    ax.tick_params(labelsize=fontsize)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=fontsize, frameon=False)
     return ax

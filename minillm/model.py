@@ -350,3 +350,21 @@ def load_model(name: str = "tiny", attn_fn=standard_attention) -> Model:
         raise FileNotFoundError(f"no checkpoint {path}; shipped checkpoints: {shipped}")
     config, params, meta = load_checkpoint(path)
     return Model(config, params, attn_fn=attn_fn, meta=meta)
+
+
+def load_training_log(name: str = "tiny") -> dict[str, list[float]]:
+    """The training log shipped next to a checkpoint ("tiny" or "draft"), as ``python -m minillm.train`` wrote it.
+
+    Keys: ``step`` and ``train_loss`` (one batch's loss, every few steps), ``val_step`` and
+    ``val_loss`` (held-out loss at each evaluation), ``seconds`` (wall time at each logged step).
+    Losses are cross-entropy in nats per byte.
+    """
+    path = WEIGHTS_DIR / f"{name}_log.json"
+    if not path.exists():
+        shipped = sorted(p.name.removesuffix("_log.json") for p in WEIGHTS_DIR.glob("*_log.json"))
+        raise FileNotFoundError(f"no training log {path.name}; shipped logs: {shipped}")
+    log = json.loads(path.read_text())
+    missing = {"step", "train_loss", "val_step", "val_loss"} - set(log)
+    if missing or len(log["step"]) != len(log["train_loss"]) or len(log["val_step"]) != len(log["val_loss"]):
+        raise ValueError(f"{path.name} is not a training log: missing {sorted(missing)} or mismatched lengths")
+    return log

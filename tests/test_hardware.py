@@ -177,6 +177,29 @@ def test_plot_roofline_draws_line_and_points():
     plt.close(fig)
 
 
+def test_plot_roofline_names_points_in_legend_inside_axes():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    pts = [("matmul m=1", 1.0, 3e12), ("matmul m=16", 16.0, 5e13), ("attention", 124.0, 6.6e14),
+           ("fused, L2", 2048.0, 6.6e14)]
+    hw.plot_roofline(ax, "H200", pts)
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(label in texts for label, _, _ in pts)
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert all(x0 < x < x1 and y0 < y < y1 for _, x, y in pts)
+    fig.tight_layout()
+    fig.canvas.draw()  # the legend must lie inside the figure and cover no point
+    box, page = ax.get_legend().get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    for _, x, y in pts:
+        px, py = ax.transData.transform((x, y))
+        assert not box.contains(px, py)
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------- validation
 
 @pytest.mark.parametrize("call", [

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from minillm.model import (
-    Model, ModelConfig, StepOps, apply_rope, init_params, load_checkpoint, load_model, rope_tables, save_checkpoint,
+    Model, ModelConfig, StepOps, apply_rope, init_params, load_checkpoint, load_model, load_training_log, rope_tables,
+    save_checkpoint,
 )
 from minillm.tokenizer import ByteTokenizer
 
@@ -123,6 +124,22 @@ def test_load_model_meta_records_training(tiny_model):
     meta = tiny_model.meta
     assert meta["command"].startswith("python -m minillm.train")
     json.dumps(meta)
+
+
+@pytest.mark.parametrize("name", ["tiny", "draft"])
+def test_load_training_log_matches_checkpoint_meta(name):
+    log, meta = load_training_log(name), load_model(name).meta
+    assert log["val_step"][-1] == meta["steps"]
+    assert log["val_loss"][-1] == pytest.approx(meta["final_val_loss"], abs=1e-4)
+    if "kept_step" in meta:  # the checkpoint kept is the evaluation with the best held-out loss
+        kept = log["val_loss"][log["val_step"].index(meta["kept_step"])]
+        assert kept == pytest.approx(meta["kept_val_loss"], abs=1e-4) and kept == min(log["val_loss"])
+    assert log["train_loss"][-1] < log["train_loss"][0]
+
+
+def test_load_training_log_unknown_name_lists_shipped():
+    with pytest.raises(FileNotFoundError, match="tiny"):
+        load_training_log("no-such-model")
 
 
 def _ragged_inputs(model, seqs, block_size=4, num_blocks=32, seed=0):
