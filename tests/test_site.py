@@ -146,11 +146,22 @@ def test_site_chapter_renders(server, browser, page):
     browser.save_screenshot(str(SHOTS / (Path(page).name + ".png")))
 
 
-@pytest.mark.parametrize("page", ["intro", "references"])
+@pytest.mark.parametrize("page", ["intro", "claims_ledger", "references"])
 def test_site_page_logs_no_console_error(server, browser, page):
     load(browser, f"{server}/{page}.html")
     logged = console_errors(browser)
     assert not logged, "browser console errors:\n" + "\n".join(logged)
+
+
+def test_site_claims_ledger_links_every_row_to_its_chapter(server, browser):
+    from selenium.webdriver.common.by import By
+
+    load(browser, f"{server}/claims_ledger.html")
+    rows = browser.find_elements(By.CSS_SELECTOR, "article table tbody tr")
+    assert len(rows) >= 40
+    for row in rows:
+        href = row.find_element(By.CSS_SELECTOR, "td a").get_attribute("href").split("#")[0]
+        assert href.startswith(f"{server}/chapters/") and (HTML / href[len(server) + 1:]).exists(), href
 
 
 def test_site_intro_lists_only_existing_chapters(server, browser):
