@@ -153,6 +153,44 @@ def test_site_page_logs_no_console_error(server, browser, page):
     assert not logged, "browser console errors:\n" + "\n".join(logged)
 
 
+EXPLORABLES = [("chapters/03_memory_tax", "sizing", "double-context"),
+               ("chapters/05_online_softmax", "online-softmax", "next"),
+               ("chapters/07_paged_attention", "paged-allocator", "next")]
+
+
+@pytest.mark.parametrize("page, name, action", EXPLORABLES)
+def test_site_explorable_responds_with_no_kernel_or_network(server, browser, page, name, action):
+    """The anywidget explorables render from saved state and recompute in the page when a control is used."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    load(browser, f"{server}/{page}.html")
+    widget = WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"[data-explorable={name}]"))[0]
+    browser.execute_script("arguments[0].scrollIntoView()", widget)
+    button = widget.find_element(By.CSS_SELECTOR, f"button[data-action={action}]")
+    before = widget.text
+    button.click()
+    assert widget.text != before, f"clicking {action!r} did not change the {name} explorable"
+    if name == "online-softmax":  # to the last tile: the one-pass sum equals the two-pass one
+        while "All" not in widget.find_element(By.CSS_SELECTOR, ".status").text:
+            button.click()
+        diff = float(widget.text.split("difference ")[1].split(")")[0])
+        assert diff < 1e-12
+    elif name == "paged-allocator":  # to the end of the scenario: the page's tables equal PagedKVCache's
+        for _ in range(20):
+            button.click()
+        assert widget.find_elements(By.CSS_SELECTOR, ".note.ok"), widget.text
+    else:  # doubling the context doubles the cache per sequence
+        assert "64,000-token sequence" in widget.text
+    # nothing came from outside the test server (no CDN, no kernel)
+    origins = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
+    assert set(origins) <= {server, "null"}, set(origins)
+    logged = console_errors(browser)
+    assert not logged, "browser console errors:\n" + "\n".join(logged)
+
+
 def test_site_claims_ledger_links_every_row_to_its_chapter(server, browser):
     from selenium.webdriver.common.by import By
 
