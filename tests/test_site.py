@@ -86,6 +86,15 @@ def load(drv, url: str) -> None:
         "const go = () => document.readyState === 'complete' ? setTimeout(() => done(true), 500) : setTimeout(go, 100);"
         "go();"
     )
+    # every saved widget view has been rendered within 30 s
+    rendered = drv.execute_async_script(
+        "const done = arguments[arguments.length - 1], t0 = Date.now();"
+        "const want = document.querySelectorAll('script[type=\"application/vnd.jupyter.widget-view+json\"]').length;"
+        "const go = () => { const n = document.querySelectorAll('.widget-subarea > *').length;"
+        "  n >= want || Date.now() - t0 > 30000 ? done([n, want]) : setTimeout(go, 100); };"
+        "go();"
+    )
+    assert rendered[0] >= rendered[1], f"{rendered[0]} of {rendered[1]} saved widgets rendered on {url}"
 
 
 # Every code or output block whose box sticks out of the text column, or whose text runs past its own
