@@ -17,13 +17,15 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-# MathJax and the Jupyter widget manager are vendored from npm so that pages render with no network.
+# MathJax, the Jupyter widget manager and anywidget's front end (the book's offline explorables)
+# are vendored from npm so that pages render with no network.
 $(VENDOR): package.json package-lock.json
 	npm ci --no-audit --no-fund --silent
 	rm -rf _vendor && mkdir -p _vendor/widgets
 	cp -r node_modules/mathjax/es5 _vendor/mathjax
 	cp -r node_modules/@jupyter-widgets/html-manager/dist/. _vendor/widgets/
 	cp node_modules/requirejs/require.js _vendor/widgets/require.js
+	mkdir -p _vendor/anywidget && cp node_modules/anywidget/dist/index.js _vendor/anywidget/index.js
 	touch $(VENDOR)
 
 book: $(STAMP) $(VENDOR)

@@ -2,7 +2,9 @@
 
 Run by `make test` after `make book` (marker `site`). Serves _build/html on 127.0.0.1 only and
 checks, for each chapter in _toc.yml: the title, the code cells, that every figure loaded, that
-MathJax typeset the math, that saved widgets rendered, and that no raw LaTeX is left on the page.
+MathJax typeset the math, that saved widgets rendered, that no raw LaTeX is left on the page, that no
+code or output block is wider than the text column, and that the browser console logged no error
+(a script error or a failed request such as a 404 fails the test, on every page).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def browser():
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
                  "--no-first-run", "--window-size=1280,2000"):
         opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     drv = webdriver.Chrome(service=Service(driver_path), options=opts)
     drv.set_page_load_timeout(60)
     yield drv
@@ -67,12 +70,58 @@ def wait_for_mathjax(drv) -> None:
     )
 
 
+def console_errors(drv) -> list[str]:
+    """Severe browser-console entries since the last call (uncaught errors, console.error, failed loads)."""
+    return [entry["message"] for entry in drv.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def load(drv, url: str) -> None:
+    """Open a page and wait until MathJax and the widget manager (which renders on window load) are done."""
+    console_errors(drv)  # drop what earlier pages logged
+    drv.get(url)
+    if drv.execute_script("return !!document.querySelector('script[src*=\"mathjax/tex\"]')"):
+        wait_for_mathjax(drv)
+    drv.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "const go = () => document.readyState === 'complete' ? setTimeout(() => done(true), 500) : setTimeout(go, 100);"
+        "go();"
+    )
+    # every saved widget view has been rendered within 30 s
+    rendered = drv.execute_async_script(
+        "const done = arguments[arguments.length - 1], t0 = Date.now();"
+        "const want = document.querySelectorAll('script[type=\"application/vnd.jupyter.widget-view+json\"]').length;"
+        "const go = () => { const n = document.querySelectorAll('.widget-subarea > *').length;"
+        "  n >= want || Date.now() - t0 > 30000 ? done([n, want]) : setTimeout(go, 100); };"
+        "go();"
+    )
+    assert rendered[0] >= rendered[1], f"{rendered[0]} of {rendered[1]} saved widgets rendered on {url}"
+
+
+# Every code or output block whose box sticks out of the text column, or whose text runs past its own
+# box (a pre that scrolls sideways hides the end of its lines, e.g. a verdict's numbers).
+OVERFLOW_JS = """
+const col = document.querySelector('article.bd-article').getBoundingClientRect();
+const out = [];
+for (const el of document.querySelectorAll(
+    'article div.cell div.cell_input pre, article div.cell div.cell_output pre,' +
+    'article div.cell div.cell_output table, article div.cell div.cell_output > div.output')) {
+  const r = el.getBoundingClientRect();
+  if (r.width === 0) continue;
+  const outside = r.left < col.left - 1 || r.right > col.right + 1;
+  const hidden = el.tagName === 'PRE' && el.scrollWidth > el.clientWidth + 1;
+  if (outside || hidden)
+    out.push(`${el.tagName} ${Math.round(r.width)}px box, ${el.scrollWidth}px content, column ` +
+             `${Math.round(col.width)}px: ${(el.innerText || '').slice(0, 60)}`);
+}
+return out;
+"""
+
+
 @pytest.mark.parametrize("page", chapter_pages())
 def test_site_chapter_renders(server, browser, page):
     from selenium.webdriver.common.by import By
 
-    browser.get(f"{server}/{page}.html")
-    wait_for_mathjax(browser)
+    load(browser, f"{server}/{page}.html")
     title = browser.find_element(By.CSS_SELECTOR, "article h1").text
     assert title and title[0].isdigit(), f"chapter title missing: {title!r}"
     assert browser.title.startswith(title.rstrip("#").strip()[:10])
@@ -97,9 +146,69 @@ def test_site_chapter_renders(server, browser, page):
         assert browser.find_elements(By.CSS_SELECTOR, ".jupyter-widgets"), "widgets did not render"
     errors = browser.find_elements(By.CSS_SELECTOR, "mjx-merror, .output.error, div.output.traceback")
     assert not errors, "math or cell errors on the page"
+    wide = browser.execute_script(OVERFLOW_JS)
+    assert not wide, f"{len(wide)} code/output blocks wider than the text column:\n" + "\n".join(wide)
+    logged = console_errors(browser)
+    assert not logged, "browser console errors:\n" + "\n".join(logged)
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / (Path(page).name + ".png")))
+
+
+@pytest.mark.parametrize("page", ["intro", "claims_ledger", "references"])
+def test_site_page_logs_no_console_error(server, browser, page):
+    load(browser, f"{server}/{page}.html")
+    logged = console_errors(browser)
+    assert not logged, "browser console errors:\n" + "\n".join(logged)
+
+
+EXPLORABLES = [("chapters/03_memory_tax", "sizing", "double-context"),
+               ("chapters/05_online_softmax", "online-softmax", "next"),
+               ("chapters/07_paged_attention", "paged-allocator", "next")]
+
+
+@pytest.mark.parametrize("page, name, action", EXPLORABLES)
+def test_site_explorable_responds_with_no_kernel_or_network(server, browser, page, name, action):
+    """The anywidget explorables render from saved state and recompute in the page when a control is used."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    load(browser, f"{server}/{page}.html")
+    widget = WebDriverWait(browser, 30).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, f"[data-explorable={name}]"))[0]
+    browser.execute_script("arguments[0].scrollIntoView()", widget)
+    button = widget.find_element(By.CSS_SELECTOR, f"button[data-action={action}]")
+    before = widget.text
+    button.click()
+    assert widget.text != before, f"clicking {action!r} did not change the {name} explorable"
+    if name == "online-softmax":  # to the last tile: the one-pass sum equals the two-pass one
+        while "All" not in widget.find_element(By.CSS_SELECTOR, ".status").text:
+            button.click()
+        diff = float(widget.text.split("difference ")[1].split(")")[0])
+        assert diff < 1e-12
+    elif name == "paged-allocator":  # to the end of the scenario: the page's tables equal PagedKVCache's
+        for _ in range(20):
+            button.click()
+        assert widget.find_elements(By.CSS_SELECTOR, ".note.ok"), widget.text
+    else:  # doubling the context doubles the cache per sequence
+        assert "64,000-token sequence" in widget.text
+    # nothing came from outside the test server (no CDN, no kernel)
+    origins = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)")
+    assert set(origins) <= {server, "null"}, set(origins)
+    logged = console_errors(browser)
+    assert not logged, "browser console errors:\n" + "\n".join(logged)
+
+
+def test_site_claims_ledger_links_every_row_to_its_chapter(server, browser):
+    from selenium.webdriver.common.by import By
+
+    load(browser, f"{server}/claims_ledger.html")
+    rows = browser.find_elements(By.CSS_SELECTOR, "article table tbody tr")
+    assert len(rows) >= 40
+    for row in rows:
+        href = row.find_element(By.CSS_SELECTOR, "td a").get_attribute("href").split("#")[0]
+        assert href.startswith(f"{server}/chapters/") and (HTML / href[len(server) + 1:]).exists(), href
 
 
 def test_site_intro_lists_only_existing_chapters(server, browser):
