@@ -120,6 +120,16 @@ def test_stubbed_sources_compile_and_name_their_assignment():
     assert "NotImplementedError('assignment 3:" in text
 
 
+def test_instructors_page_is_up_to_date_with_the_registry():
+    from minillm.assignments.docs import START, STOP, generated_block
+
+    page = (ROOT / "instructors.md").read_text()
+    assert START in page and STOP in page
+    assert generated_block() in page, "run: python -m minillm.assignments instructors-page instructors.md"
+    for a in ASSIGNMENTS.values():
+        assert f"({a.label})=" in page
+
+
 # --------------------------------------------------------------------------- the student tree
 
 
@@ -211,14 +221,16 @@ def test_grade_reports_points_json_and_junit(tmp_path):
     assert suite.get("failures") == suite.get("errors") == "0"
 
 
-def test_grade_survives_infinite_loops_and_crashes(tmp_path, monkeypatch):
+def test_grade_survives_infinite_loops_crashes_and_stray_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(grade_module, "GRACE_S", 1.0)
     tree = _reference_copy(tmp_path / "sub")
     hw = tree / "minillm" / "hardware.py"
     _plant(hw, '    """HBM traffic of a fused, tiled kernel', "import signal\n"
            "while n == 1024:\n    pass\n"                                 # the alarm interrupts this
            "if n == 300:\n    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
-           "    while True:\n        pass")                                # ...but not this: the watchdog
+           "    while True:\n        pass\n"                              # ...but not this: the watchdog
+           "if n == 13:\n    import threading, time\n"                    # a thread that keeps pytest alive
+           "    threading.Thread(target=time.sleep, args=(1000,)).start()")
     _plant(hw, '    """FlashAttention-2 loop order with online softmax',
            "import os\nif block_m == 8:\n    os._exit(3)")
     report = grade(tree, 4, out_dir=tmp_path / "out", timeout=2.0)

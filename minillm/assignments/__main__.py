@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     g.add_argument("--assignment", "-a", required=True)
     g.add_argument("--out", default="grades", help="folder for the JSON and JUnit reports (default ./grades)")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    ip = sub.add_parser("instructors-page", help="rewrite the generated block of the book's instructors page")
+    ip.add_argument("page")
     lc = sub.add_parser("leak-check", help="fail if a student tree holds a solution line or marker")
     lc.add_argument("tree")
     args = p.parse_args(argv)
@@ -44,6 +46,10 @@ def main(argv=None) -> int:
             report = grade(args.student_dir, args.assignment, out_dir=args.out, timeout=args.timeout)
             print(summary(report))
             print("reports: " + ", ".join(report["reports"]))
+        elif args.command == "instructors-page":
+            from .docs import update_page
+
+            print(f"{args.page}: " + ("updated" if update_page(args.page) else "already up to date"))
         elif args.command == "leak-check":
             from .builder import leak_check
 

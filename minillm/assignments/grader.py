@@ -87,7 +87,7 @@ def _run(work: Path, student: Path, files: list[str], timeout: float) -> tuple[d
     for attempt in range(1000):
         log = work / f"log{attempt}.jsonl"
         proc, out = _pytest(work, student, log, timeout, args)
-        offset, current, started, killed = 0, None, time.time(), None
+        offset, current, started, killed, finished_at = 0, None, time.time(), None, None
         t_launch = time.time()
         while True:
             done = proc.poll() is not None
@@ -107,7 +107,12 @@ def _run(work: Path, student: Path, files: list[str], timeout: float) -> tuple[d
                     errors.append(r["message"])
             if done:
                 break
-            if current is not None and time.time() - started > timeout + GRACE_S:
+            finished = bool(meta) and current is None and all(t in results for t in meta)
+            if finished and finished_at is None:
+                finished_at = time.time()
+            if finished and time.time() - finished_at > GRACE_S:  # e.g. a thread the student left running
+                _kill(proc)
+            elif current is not None and time.time() - started > timeout + GRACE_S:
                 killed = f"timed out after {timeout:g} s (the process was killed)"
                 _kill(proc)
             elif current is None and not records and time.time() - t_launch > STARTUP_S and offset == 0:

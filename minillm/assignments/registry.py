@@ -46,6 +46,11 @@ class Assignment:
         return f"a{self.number:02d}_grader.py"
 
     @property
+    def label(self) -> str:
+        """The book's cross-reference target: ``{ref}`assignment-3``` links to the instructors page."""
+        return f"assignment-{self.number}"
+
+    @property
     def slug(self) -> str:
         return f"assignment-{self.number:02d}"
 
