@@ -229,7 +229,7 @@ def test_grade_survives_infinite_loops_crashes_and_stray_threads(tmp_path, monke
            "while n == 1024:\n    pass\n"                                 # the alarm interrupts this
            "if n == 300:\n    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"
            "    while True:\n        pass\n"                              # ...but not this: the watchdog
-           "if n == 13:\n    import threading, time\n"                    # a thread that keeps pytest alive
+           "if n == 128:\n    import threading, time\n"                   # a thread that keeps pytest alive
            "    threading.Thread(target=time.sleep, args=(1000,)).start()")
     _plant(hw, '    """FlashAttention-2 loop order with online softmax',
            "import os\nif block_m == 8:\n    os._exit(3)")

@@ -78,8 +78,21 @@ def _tail(path: Path, n: int = 3000) -> str:
         return ""
 
 
+_live: list = []   # test processes of the current grading; killed if the grader itself stops early
+
+
 def _run(work: Path, student: Path, files: list[str], timeout: float) -> tuple[dict, dict, list[str]]:
     """Run until every collected test has a result; returns (tests meta, results, errors)."""
+    try:
+        return _run_attempts(work, student, files, timeout)
+    finally:  # an exception or Ctrl-C in the grader must not leave a student's process running
+        while _live:
+            p = _live.pop()
+            if p.poll() is None:
+                _kill(p)
+
+
+def _run_attempts(work: Path, student: Path, files: list[str], timeout: float) -> tuple[dict, dict, list[str]]:
     meta: dict[str, dict] = {}
     results: dict[str, dict] = {}
     errors: list[str] = []
@@ -87,6 +100,7 @@ def _run(work: Path, student: Path, files: list[str], timeout: float) -> tuple[d
     for attempt in range(1000):
         log = work / f"log{attempt}.jsonl"
         proc, out = _pytest(work, student, log, timeout, args)
+        _live.append(proc)
         offset, current, started, killed, finished_at = 0, None, time.time(), None, None
         t_launch = time.time()
         while True:
