@@ -13,7 +13,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import markers
+from .markers import (
+    BEGIN,
+    END,
+    TEXT_SUFFIXES,
+    Region,
+    find_leaks,
+    find_regions,
+    scrub,
+    solution_lines,
+    stub,
+)
 from .registry import ASSIGNMENTS, Assignment, AssignmentError, get
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent   # the reference minillm package
@@ -32,14 +42,14 @@ filterwarnings =
 """
 
 
-def all_regions(package_dir: Path = PACKAGE_DIR) -> list[markers.Region]:
+def all_regions(package_dir: Path = PACKAGE_DIR) -> list[Region]:
     """Every marked region in the package, checked against the registry (both ways)."""
     regions = []
     for py in sorted(package_dir.rglob("*.py")):
         rel = py.relative_to(package_dir).as_posix()
         if rel.startswith("assignments/") or "__pycache__" in rel:
             continue
-        regions += markers.find_regions(py.read_text(), rel)
+        regions += find_regions(py.read_text(), rel)
     claimed = {(p.path, p.qualname): a.number for a in ASSIGNMENTS.values() for p in a.parts}
     seen: dict[tuple[str, str], int] = {}
     for r in regions:
@@ -65,20 +75,20 @@ def stubbed_sources(numbers, package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
     """{relative path: stubbed text} for every file with a region of the chosen assignments."""
     regions = all_regions(package_dir)
     owner = {(p.path, p.qualname): ASSIGNMENTS[n] for n in numbers for p in ASSIGNMENTS[n].parts}
-    by_path: dict[str, list[markers.Region]] = {}
+    by_path: dict[str, list[Region]] = {}
     for r in regions:
         by_path.setdefault(r.path, []).append(r)
     out = {}
     for path, rs in by_path.items():
         msgs = {r.qualname: message(owner[(path, r.qualname)], r.qualname) for r in rs if (path, r.qualname) in owner}
         if msgs:
-            out[path] = markers.stub((package_dir / path).read_text(), rs, msgs)
+            out[path] = stub((package_dir / path).read_text(), rs, msgs)
     return out
 
 
 def _strip_markers(text: str) -> str:
     """A file whose regions stay (assignments not handed out) without its marker lines."""
-    return "".join(line for line in text.splitlines(keepends=True) if line.strip() not in (markers.BEGIN, markers.END))
+    return "".join(line for line in text.splitlines(keepends=True) if line.strip() not in (BEGIN, END))
 
 
 def handout(a: Assignment) -> str:
@@ -153,8 +163,8 @@ def build(out_dir, numbers=None, force: bool = False) -> dict:
     exact, normalized = _solution_lines(numbers)
     scrubbed = {}
     for f in sorted(pkg.rglob("*")):
-        if f.is_file() and f.suffix in markers.TEXT_SUFFIXES and f.suffix != ".py":
-            text, dropped = markers.scrub(f.read_text(errors="surrogateescape"), exact, normalized)
+        if f.is_file() and f.suffix in TEXT_SUFFIXES and f.suffix != ".py":
+            text, dropped = scrub(f.read_text(errors="surrogateescape"), exact, normalized)
             if dropped:
                 f.write_text(text, errors="surrogateescape")
                 scrubbed[f.relative_to(out).as_posix()] = dropped
@@ -176,10 +186,10 @@ def build(out_dir, numbers=None, force: bool = False) -> dict:
 def leak_check(tree, numbers=None) -> list[str]:
     """Solution lines or markers of the handed-out assignments found in ``tree`` (empty: no leak)."""
     exact, normalized = _solution_lines(sorted(ASSIGNMENTS) if not numbers else numbers)
-    return markers.find_leaks(Path(tree), exact, normalized)
+    return find_leaks(Path(tree), exact, normalized)
 
 
 def _solution_lines(numbers) -> tuple[set[str], set[str]]:
     keep = {(p.path, p.qualname) for n in numbers for p in ASSIGNMENTS[get(n).number].parts}
     regions = [r for r in all_regions() if (r.path, r.qualname) in keep]
-    return markers.solution_lines(PACKAGE_DIR, regions)
+    return solution_lines(PACKAGE_DIR, regions)
