@@ -114,6 +114,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, b
     score tile per (batch, head). Vectorized over batch and heads, so N = 4096 runs
     on a laptop. Returns o (and the log-sum-exp per row, for the backward pass).
     """
+    # BEGIN SOLUTION
     B, Hq, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     if int(block_m) < 1 or int(block_n) < 1:
         raise ValueError(f"block sizes must be >= 1, got {block_m}, {block_n}")
@@ -149,6 +150,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, b
             lse[:, :, :, i0:i1] = np.where(l > 0, m + np.log(np.where(l > 0, l, 1.0)), -np.inf)
     o = o.reshape(B, Hq, Nq, D).astype(q.dtype, copy=False)
     return (o, lse.reshape(B, Hq, Nq)) if return_lse else o
+    # END SOLUTION
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: float | None = None,
@@ -159,6 +161,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: f
     delta = rowsum(dO * O): dV = P^T dO, dP = dO V^T, dS = P * (dP - delta),
     dQ = dS K * scale, dK = dS^T Q * scale. GQA heads sum into their shared K/V head.
     """
+    # BEGIN SOLUTION
     B, Hq, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
     for name, x, shape in (("o", o, q.shape), ("do", do, q.shape), ("lse", lse, q.shape[:3])):
         if tuple(np.shape(x)) != tuple(shape):
@@ -190,3 +193,4 @@ def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, scale: f
             dq[:, :, :, i0:i1] += (ds @ kc[:, :, :, j0:j1]) * scale
             dk[:, :, :, j0:j1] += (ds.swapaxes(-1, -2) @ qg[:, :, :, i0:i1]) * scale
     return (dq.reshape(q.shape).astype(q.dtype), dk.sum(2).astype(k.dtype), dv.sum(2).astype(v.dtype))
+    # END SOLUTION

@@ -58,6 +58,7 @@ def check_decode_args(model, prompt_ids, n_new: int) -> list[int]:
 
 def naive_decode(model, prompt_ids, n_new: int, sampler=greedy) -> DecodeResult:
     """Generate ``n_new`` tokens by re-running the whole sequence at every step."""
+    # BEGIN SOLUTION
     tokens = check_decode_args(model, prompt_ids, n_new)
     result = DecodeResult(tokens=tokens, prompt_len=len(tokens))
     for _ in range(n_new):
@@ -67,18 +68,23 @@ def naive_decode(model, prompt_ids, n_new: int, sampler=greedy) -> DecodeResult:
         nxt = int(sampler(logits[-1]))                        # ...and only the last one used
         result.record(nxt, logits[-1], ops, time.perf_counter() - t0)
     return result
+    # END SOLUTION
 
 
 def prefill(model, prompt_ids, cache, ops: StepOps | None = None) -> np.ndarray:
     """Phase 1: one parallel pass over the whole prompt; fills the cache; returns last-position logits."""
+    # BEGIN SOLUTION
     logits = model.forward(np.asarray(prompt_ids)[None], cache=cache, ops=ops)
     return logits[0, -1]
+    # END SOLUTION
 
 
 def decode_step(model, token_id: int, cache, ops: StepOps | None = None) -> np.ndarray:
     """Phase 2: push one token through the model against the cache; returns its logits."""
+    # BEGIN SOLUTION
     logits = model.forward(np.asarray([[token_id]]), cache=cache, ops=ops)
     return logits[0, -1]
+    # END SOLUTION
 
 
 def cached_decode(model, prompt_ids, n_new: int, sampler=greedy, cache=None) -> DecodeResult:

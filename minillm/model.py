@@ -114,10 +114,22 @@ class StepOps:
     def astuple(self) -> tuple[int, int, int]:
         return (self.attn_rows, self.score_elements, self.proj_flops)
 
+    def count_matmul(self, m: int, k: int, n: int) -> None:
+        """Count one weight matmul, an (m, k) activation times a (k, n) weight: 2*m*k*n FLOPs."""
+        # BEGIN SOLUTION
+        self.proj_flops += 2 * m * k * n
+        # END SOLUTION
+
+    def count_attention(self, batch: int, n_heads: int, n_queries: int, n_keys: int) -> None:
+        """Count one layer's attention: every head scores each of ``n_queries`` rows against ``n_keys`` keys."""
+        # BEGIN SOLUTION
+        self.score_elements += batch * n_heads * n_queries * n_keys
+        # END SOLUTION
+
 
 def _linear(x: np.ndarray, w: np.ndarray, ops: StepOps | None) -> np.ndarray:
     if ops is not None:
-        ops.proj_flops += 2 * (x.size // x.shape[-1]) * w.shape[0] * w.shape[1]
+        ops.count_matmul(x.size // x.shape[-1], w.shape[0], w.shape[1])
     return x @ w
 
 
@@ -236,7 +248,7 @@ class Model:
             attend = getattr(cache, "attend", None)  # a paged cache reads K/V through its block tables
             a = attend(layer, q, k, v) if attend is not None else self.attn_fn(q, k, v, causal=True)
             if ops is not None:
-                ops.score_elements += B * cfg.n_heads * N * (start + N)
+                ops.count_attention(B, cfg.n_heads, N, start + N)
             x = x + _linear(a.transpose(0, 2, 1, 3).reshape(B, N, cfg.n_heads * hd), P[p + "wo"], ops)
             h = rms_norm(x, P[p + "mlp_norm"], cfg.norm_eps)
             gated = silu(_linear(h, P[p + "w_gate"], ops)) * _linear(h, P[p + "w_up"], ops)

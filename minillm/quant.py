@@ -109,6 +109,7 @@ def quantize_fp8(x, scale=None, per_token: bool = False) -> tuple[np.ndarray, np
     per tensor (a 0-d scale), or with ``per_token=True`` one per (b, h, n) of a
     (B, H, N, D) tensor. A given ``scale`` must broadcast against x.
     """
+    # BEGIN SOLUTION
     x = _float_array(x)
     if scale is None:
         if per_token:
@@ -120,10 +121,13 @@ def quantize_fp8(x, scale=None, per_token: bool = False) -> tuple[np.ndarray, np
     if np.any(~(scale > 0)) or not np.all(np.isfinite(scale)):
         raise ValueError("fp8 scale must be finite and > 0")
     return fp8_e4m3_encode(x.astype(np.float64) / scale), scale
+    # END SOLUTION
 
 
 def dequantize_fp8(codes, scale) -> np.ndarray:
+    # BEGIN SOLUTION
     return fp8_e4m3_decode(codes) * np.asarray(scale, np.float32)
+    # END SOLUTION
 
 
 # --------------------------------------------------------------------------- int8, int4
@@ -131,17 +135,21 @@ def dequantize_fp8(codes, scale) -> np.ndarray:
 
 def quantize_int8(x) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8, one scale per (b, h, n) = amax over D / 127. Returns (int8 (B,H,N,D), float32 (B,H,N,1))."""
+    # BEGIN SOLUTION
     x = _cache_tensor(x).astype(np.float32)
     scale = _symmetric_scale(np.abs(x).max(axis=-1, keepdims=True), INT8_MAX)
     q = np.clip(np.rint(x / scale), -INT8_MAX, INT8_MAX).astype(np.int8)
     return q, scale
+    # END SOLUTION
 
 
 def dequantize_int8(q, scale) -> np.ndarray:
+    # BEGIN SOLUTION
     q = np.asarray(q)
     if q.dtype != np.int8:
         raise ValueError(f"int8 values must have dtype int8, got {q.dtype}")
     return q.astype(np.float32) * np.asarray(scale, np.float32)
+    # END SOLUTION
 
 
 def _check_group(d: int, group: int) -> None:

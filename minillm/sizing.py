@@ -71,18 +71,22 @@ def _bytes(n_elements: int, per_element: float) -> int:
 
 def gqa_kv_bytes(n_tokens, n_layers, n_kv_heads, d_head, dtype_bytes=2, batch=1) -> int:
     """KV-cache bytes for MHA/GQA/MQA: one K and one V per KV head, per token, per layer."""
+    # BEGIN SOLUTION
     sizes = {name: _positive_int(name, v) for name, v in
              dict(n_tokens=n_tokens, n_layers=n_layers, n_kv_heads=n_kv_heads, d_head=d_head, batch=batch).items()}
     elements = 2 * math.prod(sizes.values())
     return _bytes(elements, _bytes_per_element(dtype_bytes))
+    # END SOLUTION
 
 
 def mla_kv_bytes(n_tokens, n_layers, kv_lora_rank, qk_rope_dim, dtype_bytes=2, batch=1) -> int:
     """KV-cache bytes for MLA: the compressed latent plus the decoupled RoPE key, shared by all heads."""
+    # BEGIN SOLUTION
     n_tokens, n_layers, batch = (_positive_int(n, v) for n, v in
                                  (("n_tokens", n_tokens), ("n_layers", n_layers), ("batch", batch)))
     width = _positive_int("kv_lora_rank", kv_lora_rank) + _positive_int("qk_rope_dim", qk_rope_dim)
     return _bytes(batch * n_tokens * n_layers * width, _bytes_per_element(dtype_bytes))
+    # END SOLUTION
 
 
 ATTENTION_KINDS = ("MHA", "GQA", "MQA", "MLA")

@@ -46,6 +46,7 @@ def safe_softmax(x) -> np.ndarray:
 
 def online_max_and_normalizer(x, tile: int) -> tuple[np.ndarray, np.ndarray]:
     """One pass over tiles of the last axis: the running (m, l) of the online algorithm."""
+    # BEGIN SOLUTION
     x = _as_float(x)
     if int(tile) < 1:
         raise ValueError(f"tile must be >= 1, got {tile}")
@@ -60,6 +61,7 @@ def online_max_and_normalizer(x, tile: int) -> tuple[np.ndarray, np.ndarray]:
         l = l * np.exp(np.where(np.isfinite(m), m - safe, -np.inf)) + np.exp(block - safe[..., None]).sum(axis=-1)
         m = m_new
     return m, l
+    # END SOLUTION
 
 
 def online_softmax(x, tile: int = 4) -> np.ndarray:
@@ -110,8 +112,10 @@ def partial_attention(scores, v) -> Partial:
 
 def merge(a: Partial, b: Partial) -> Partial:
     """Combine two partials over disjoint key sets. Associative and commutative."""
+    # BEGIN SOLUTION
     m = np.maximum(a.m, b.m)
     safe = np.where(np.isfinite(m), m, 0.0)
     wa = np.where(np.isfinite(a.m), np.exp(a.m - safe), 0.0)
     wb = np.where(np.isfinite(b.m), np.exp(b.m - safe), 0.0)
     return Partial(m, a.l * wa + b.l * wb, a.o * wa[..., None] + b.o * wb[..., None])
+    # END SOLUTION

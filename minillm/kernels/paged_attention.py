@@ -33,6 +33,7 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, 
                          sqb, sqh, skb, sks, skh, svb, svs, svh, stb, max_blocks, num_splits,
                          Hq, GROUP, BLOCK_SIZE, num_blocks, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                          GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr):
+    # BEGIN SOLUTION
     b = tl.program_id(0)
     hk = tl.program_id(1)
     split = tl.program_id(2)
@@ -79,6 +80,7 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, 
     tl.store(M_OUT + row, m, mask=gmask)
     tl.store(L_OUT + row, l, mask=gmask)
     tl.store(O_OUT + row[:, None] * BLOCK_D + dims[None, :], acc, mask=gmask[:, None])
+    # END SOLUTION
 
 
 @triton.jit

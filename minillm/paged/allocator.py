@@ -81,11 +81,13 @@ class BlockAllocator:
 
     def allocate(self) -> int:
         """A free block with reference count 1."""
+        # BEGIN SOLUTION
         if not self._free:
             raise OutOfBlocks(f"requested 1 block, 0 free of {self.num_blocks}", requested=1, free=0)
         block, _ = self._free.popitem(last=False)
         self._refs[block] = 1
         return block
+        # END SOLUTION
 
     def claim(self, block: int) -> None:
         """Take one particular free block (reference count 0 -> 1)."""
@@ -96,28 +98,35 @@ class BlockAllocator:
         self._refs[block] = 1
 
     def incref(self, block: int) -> None:
+        """Add an owner to a block that is in use (a fork, a reused prefix)."""
+        # BEGIN SOLUTION
         block = self._known(block)
         if not self._refs[block]:
             raise ValueError(f"block {block} is free; a reference to it would dangle (use allocate or claim)")
         self._refs[block] += 1
+        # END SOLUTION
 
     def decref(self, block: int) -> None:
         """Drop one reference; the last one returns the block to the back of the free list."""
+        # BEGIN SOLUTION
         block = self._known(block)
         if not self._refs[block]:
             raise ValueError(f"block {block} is already free (double free)")
         self._refs[block] -= 1
         if not self._refs[block]:
             self._free[block] = None
+        # END SOLUTION
 
     def free(self, block: int) -> None:
         """Return an unshared block. Freeing a shared one would leave other owners dangling, so that is an error."""
+        # BEGIN SOLUTION
         block = self._known(block)
         if not self._refs[block]:
             raise ValueError(f"block {block} is already free (double free)")
         if self._refs[block] > 1:
             raise ValueError(f"block {block} has {self._refs[block]} owners; each must decref it")
         self.decref(block)
+        # END SOLUTION
 
 
 def block_hash(parent: bytes | None, tokens: Sequence[int]) -> bytes:

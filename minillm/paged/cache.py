@@ -158,6 +158,7 @@ class PagedKVCache:
         n, bs, cur = k.shape[1], self.block_size, self.seq_lens[seq_id]
         if tokens is not None and len(tokens) != n:
             raise ValueError(f"got {len(tokens)} tokens for {n} new positions")
+        # BEGIN SOLUTION
         fill = cur % bs   # slots used in the last block; 0 means it is full (or there is none)
         # A shared block is copied before a write, and so is a named (prefix-cached) one: after a truncate the
         # last block can be a full cached block cut short, and its cached content must survive.
@@ -180,6 +181,7 @@ class PagedKVCache:
         self.k_pool[:, phys, pos % bs] = k   # fancy index (n,) x (n,) -> (L, n, Hkv, D)
         self.v_pool[:, phys, pos % bs] = v
         self.seq_lens[seq_id] = cur + n
+        # END SOLUTION
         self._register_full_blocks(seq_id, cur, n, tokens)
 
     def _register_full_blocks(self, seq_id, cur: int, n: int, tokens) -> None:
@@ -202,6 +204,7 @@ class PagedKVCache:
 
     def fork(self, src_id, dst_id) -> None:
         """A new sequence sharing all of ``src_id``'s blocks; whichever writes a shared block first copies it."""
+        # BEGIN SOLUTION
         table = self._seq(src_id)
         if dst_id in self.block_tables:
             raise ValueError(f"sequence {dst_id!r} already exists")
@@ -212,6 +215,7 @@ class PagedKVCache:
         self._chain[dst_id] = list(self._chain[src_id])
         pending = self._pending[src_id]
         self._pending[dst_id] = None if pending is None else list(pending)
+        # END SOLUTION
 
     def truncate(self, seq_id, n: int) -> None:
         """Roll ``seq_id`` back to its first ``n`` positions and drop its blocks past position n-1.

@@ -1,0 +1,77 @@
+"""Assignment 4, grader-only tests: ragged tiles, Nq != Nk, tiny and huge blocks, huge logits, dtypes, bad input."""
+import math
+
+import numpy as np
+import pytest
+
+from minillm.attention import standard_attention
+from minillm.hardware import flash_attention_traffic, simulate_tiled_attention
+
+
+def _ref(q, k, v):
+    return standard_attention(q[None, None], k[None, None], v[None, None])[0, 0]
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("n, d, bm, bn", [(37, 8, 5, 3), (13, 4, 1, 1), (9, 6, 64, 64), (16, 16, 16, 5)])
+def test_ragged_and_extreme_tiles_match_formula_and_reference(rng, n, d, bm, bn):
+    q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
+    o, counter = simulate_tiled_attention(q, k, v, bm, bn)
+    np.testing.assert_allclose(o, _ref(q, k, v), rtol=1e-9, atol=1e-12)
+    model = flash_attention_traffic(n, d, bm, bn, dtype_bytes=8)
+    assert model["q_tiles"] == math.ceil(n / bm)
+    assert counter.components == model["components"] and counter.total == model["total"]
+
+
+def test_more_keys_than_queries(rng):
+    nq, nk, d, bm = 7, 13, 4, 3
+    q, k, v = rng.normal(size=(nq, d)), rng.normal(size=(nk, d)), rng.normal(size=(nk, d))
+    o, counter = simulate_tiled_attention(q, k, v, bm, 4)
+    np.testing.assert_allclose(o, _ref(q, k, v), rtol=1e-9, atol=1e-12)
+    tiles = math.ceil(nq / bm)
+    assert counter.components == {"read_q": nq * d * 8, "read_k": tiles * nk * d * 8,
+                                  "read_v": tiles * nk * d * 8, "write_o": nq * d * 8}
+
+
+def test_huge_logits_stay_finite(rng):
+    q, k, v = (rng.normal(size=(12, 4)) for _ in range(3))
+    q *= 1e3
+    o, _ = simulate_tiled_attention(q, k, v, 4, 4)
+    assert np.all(np.isfinite(o))
+    np.testing.assert_allclose(o, _ref(q, k, v), rtol=1e-8, atol=1e-10)
+
+
+def test_fp16_counts_two_bytes_per_element(rng):
+    q, k, v = (rng.normal(size=(10, 8)).astype(np.float16) for _ in range(3))
+    o, counter = simulate_tiled_attention(q, k, v, 4, 4)
+    assert o.dtype == np.float16
+    assert counter.components == flash_attention_traffic(10, 8, 4, 4, dtype_bytes=2)["components"]
+    np.testing.assert_allclose(o.astype(np.float32), _ref(*(x.astype(np.float64) for x in (q, k, v))), atol=2e-3)
+
+
+def test_block_n_does_not_change_the_traffic():
+    totals = {flash_attention_traffic(300, 64, 64, bn)["total"] for bn in (1, 7, 64, 512)}
+    assert len(totals) == 1
+    assert flash_attention_traffic(300, 64, 64, 64, dtype_bytes="fp32")["components"]["read_q"] == 300 * 64 * 4
+
+
+@pytest.mark.parametrize("args", [(0, 64, 64, 64), (128, 64, 0, 64), (128, 64, 64, -1), (128, 1.5, 64, 64)])
+def test_traffic_bad_sizes_raise(args):
+    with pytest.raises(ValueError):
+        flash_attention_traffic(*args)
+
+
+@pytest.mark.parametrize("case", ["block0", "q1d", "dmismatch", "empty"])
+def test_simulate_bad_input_raises(rng, case):
+    q, k, v = (rng.normal(size=(6, 4)) for _ in range(3))
+    bm = 2
+    if case == "block0":
+        bm = 0
+    elif case == "q1d":
+        q = q[0]
+    elif case == "dmismatch":
+        k = rng.normal(size=(6, 5))
+    else:
+        q = q[:0]
+    with pytest.raises(ValueError):
+        simulate_tiled_attention(q, k, v, bm, 2)
