@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402  (first: it decides interpreter vs compiled)
 
-import triton  # noqa: E402
 from _common import median_ms, run_meta  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402

@@ -99,9 +99,11 @@ def residual(p, q) -> np.ndarray | None:
     When p == q there is no residual mass, and then the rejection branch has probability 0 (every draft is
     accepted), so nobody samples from it: no division by zero is ever needed.
     """
+    # BEGIN SOLUTION
     r = np.maximum(np.asarray(p, np.float64) - np.asarray(q, np.float64), 0.0)
     s = r.sum()
     return r / s if s > 0 else None
+    # END SOLUTION
 
 
 # --------------------------------------------------------------------------- the acceptance test
@@ -121,6 +123,7 @@ def verify(p_rows, q_rows, draft_tokens, rng):
     with every draft accepted, it is a bonus draw from p_k. k = 0 is allowed: a plain target sampling step.
     Returns ints for 1-D drafts, arrays of shape (N,) for 2-D drafts.
     """
+    # BEGIN SOLUTION
     p_rows = np.asarray(p_rows, np.float64)
     d = np.asarray(draft_tokens, np.int64)
     single = d.ndim == 1
@@ -164,6 +167,7 @@ def verify(p_rows, q_rows, draft_tokens, rng):
     if single:
         return int(n_acc[0]), int(nxt[0])
     return n_acc.astype(np.int64), nxt
+    # END SOLUTION
 
 
 # --------------------------------------------------------------------------- exact distributions by enumeration

@@ -36,6 +36,8 @@ class Assignment:
     done: str                   # what "done" means
     gpu_task: str = ""          # a benchmark on a real GPU: an extension, never graded
     needs_triton: bool = False  # some tests run a Triton kernel (in the interpreter on CPU)
+    builds_on: tuple[int, ...] = ()  # earlier assignments whose code its tests run through (the engine needs the
+                                     # allocator and the decoder): their solutions stay in its "alone" check
 
     @property
     def public_tests(self) -> str:
@@ -171,6 +173,41 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "on write, and the kernel matches the NumPy paged reference.",
         "Benchmark the paged decode kernel against contiguous decode attention on a GPU (target: within "
         "15% at block size 16, batch 16, 4k tokens).", needs_triton=True),
+    Assignment(
+        8, "The scheduler step: token budget, chunked prefill, preemption", "chapters/08_continuous_batching",
+        "Write the step that makes continuous batching work: which sequences run next and how many of their "
+        "tokens, under a token budget and a block pool that can run out.",
+        (Part("serving/scheduler.py", "Scheduler._chunk",
+              "the pending tokens, capped by the budget left and, while prefilling, by max_prefill_chunk"),
+         Part("serving/scheduler.py", "Scheduler._preempt",
+              "free the blocks, num_computed = 0, status WAITING, count it, put it at the FRONT of the queue "
+              "(and give back a static-batching slot)"),
+         Part("serving/scheduler.py", "Scheduler.schedule",
+              "running sequences first in admission order (decode = 1 token + drafts from _draft, or a prefill "
+              "chunk); while bm.can_grow fails, preempt the LAST running sequence (possibly this one); then admit "
+              "waiting requests FCFS with match_prefix, while budget and max_num_seqs allow (static batching: "
+              "only when the last batch finished); set memory_limited, count num_steps, build the StepBatch")),
+        (4, 6),
+        "Every request's greedy tokens equal the simple decoder's, under tight budgets, tiny pools that force "
+        "preemption, prefix sharing and static batching; no step exceeds its budget or sequence cap; no block "
+        "leaks.",
+        "Serve the chapter's chat trace on a GPU with the torch runner and compare continuous with static "
+        "batching (the book's measured ratio is in benchmarks/results/serving_h200.json).",
+        builds_on=(1, 2, 7)),
+    Assignment(
+        9, "The rejection sampler of speculative decoding", "chapters/09_speculative_decoding",
+        "Accept or reject k draft tokens so that the emitted tokens follow the target's distribution "
+        "exactly, whatever the drafter proposed.",
+        (Part("speculative.py", "residual", "normalize(max(p - q, 0)); None when it has no mass"),
+         Part("speculative.py", "verify",
+              "validate shapes and token ids; accept d_i when u_i * q_i(d_i) < p_i(d_i); at the first "
+              "rejection resample from residual(p_i, q_i) (one-hot q when q_rows is None); all accepted: a bonus "
+              "draw from p_k with sample_probs; vectorize over N independent trials")),
+        (3, 5),
+        "The first emitted token passes a chi-square goodness-of-fit test against p for sampled, one-hot and "
+        "greedy drafts (and a biased sampler fails it); p == q accepts everything; bad input raises.",
+        "Run benchmarks/speculative_bench.py on a GPU and explain, from the recorded draft-round and verify "
+        "times, why prompt lookup beats the draft model at batch 1."),
 )}
 
 

@@ -105,12 +105,18 @@ class Scheduler:
 
     # -- one step ----------------------------------------------------------------------------------------
     def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens this sequence computes this step: what it has pending, capped by the budget left and, while
+        it prefills, by ``max_prefill_chunk``."""
+        # BEGIN SOLUTION
         n = min(seq.num_pending, budget)
         if not seq.is_decoding and self.config.max_prefill_chunk is not None:
             n = min(n, self.config.max_prefill_chunk)
         return n
+        # END SOLUTION
 
     def _preempt(self, seq: Sequence) -> None:
+        """Preempt by recompute: free the sequence's blocks, forget its K/V, put it at the front of the queue."""
+        # BEGIN SOLUTION
         self.bm.free(seq)
         seq.num_computed = 0
         seq.status = SequenceStatus.WAITING
@@ -119,9 +125,15 @@ class Scheduler:
         self.waiting.appendleft(seq)
         if self.config.static_batching:
             self._static_quota += 1             # it rejoins the current batch
+        # END SOLUTION
 
     def schedule(self) -> StepBatch | None:
-        """Pick this step's sequences and token counts, and give them blocks. None when there is no work."""
+        """Pick this step's sequences and token counts, and give them blocks. None when there is no work.
+
+        Running sequences first, in admission order (a decode, plus its drafts, or a prefill chunk), preempting
+        the latest admitted when a block is missing; then waiting requests first come, first served, while
+        budget and ``max_num_seqs`` allow. Sets ``memory_limited``; counts ``num_steps``."""
+        # BEGIN SOLUTION
         budget = self.config.max_num_batched_tokens
         self.memory_limited = False
         chosen: list[tuple[Sequence, int]] = []
@@ -180,6 +192,7 @@ class Scheduler:
         self.num_steps += 1
         return StepBatch.build([s for s, _ in chosen], [n for _, n in chosen], self.bm.block_size,
                                [drafts.get(s.seq_id, []) for s, _ in chosen] if drafts else None)
+        # END SOLUTION
 
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
         """Up to k draft tokens for a decoding sequence, clipped to what it may still emit and hold.

@@ -1,0 +1,90 @@
+"""Assignment 9, grader-only tests: exactness by chi-square (statistic: Pearson's goodness of fit of the
+emitted tokens against the target rows, bins with expected count < 5 pooled; threshold p > 1e-3) for
+several (p, q), q with zeros where p has mass, one-hot drafts, the second token after an acceptance, the
+bonus token, k = 0, the vocabulary's last id; bad input raises. (That this test statistic rejects a biased
+sampler is checked in the book's own tests, tests/test_speculative.py; it grades nothing here.)"""
+import numpy as np
+import pytest
+
+from minillm.speculative import chi_square_gof, verify
+
+V = 8
+N = 100_000
+
+
+def dists(seed, zero_q=False):
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.full(V, 0.7)), rng.dirichlet(np.full(V, 0.7))
+    if zero_q:
+        q[np.argsort(p)[-2:]] = 0.0             # the drafter never proposes the target's two likeliest tokens
+        q /= q.sum()
+    return p, q
+
+
+def first_tokens(p_rows, q, seed):
+    rng = np.random.default_rng(seed)
+    drafts = rng.choice(V, size=(N, 1), p=q)
+    n_acc, nxt = verify(p_rows, q[None], drafts, rng)
+    return np.where(n_acc >= 1, drafts[:, 0], nxt)
+
+
+@pytest.mark.points(2)
+@pytest.mark.parametrize("seed,zero_q", [(2, False), (3, False), (4, True), (5, True)])
+def test_first_token_exact_for_random_drafters(seed, zero_q):
+    p, q = dists(seed, zero_q)
+    assert chi_square_gof(np.bincount(first_tokens(np.stack([p, p]), q, seed), minlength=V), p)[2] > 1e-3
+
+
+def test_one_hot_drafts_are_exact():
+    p, _ = dists(7)
+    rng = np.random.default_rng(7)
+    drafts = np.full((N, 1), int(np.argsort(p)[-3]))
+    n_acc, nxt = verify(np.stack([p, p]), None, drafts, rng)
+    first = np.where(n_acc >= 1, drafts[:, 0], nxt)
+    assert chi_square_gof(np.bincount(first, minlength=V), p)[2] > 1e-3
+
+
+def test_second_token_after_an_acceptance_follows_the_second_row():
+    (p0, q0), (p1, q1) = dists(8), dists(9)
+    rng = np.random.default_rng(8)
+    drafts = np.stack([rng.choice(V, size=N, p=q0), rng.choice(V, size=N, p=q1)], axis=1)
+    n_acc, nxt = verify(np.stack([p0, p1, p1]), np.stack([q0, q1]), drafts, rng)
+    ok = n_acc >= 1
+    second = np.where(n_acc[ok] >= 2, drafts[ok, 1], nxt[ok])
+    assert chi_square_gof(np.bincount(second, minlength=V), p1)[2] > 1e-3
+
+
+def test_p_equal_q_accepts_every_draft_and_the_bonus_follows_the_last_row():
+    p, _ = dists(10)
+    bonus_row = dists(11)[0]
+    rng = np.random.default_rng(10)
+    drafts = rng.choice(V, size=(N, 2), p=p)
+    n_acc, nxt = verify(np.stack([p, p, bonus_row]), np.stack([p, p]), drafts, rng)
+    assert (n_acc == 2).all()
+    assert chi_square_gof(np.bincount(nxt, minlength=V), bonus_row)[2] > 1e-3
+
+
+def test_k_zero_is_a_plain_sample_and_single_trials_return_ints():
+    p, q = dists(12)
+    rng = np.random.default_rng(12)
+    n_acc, nxt = verify(p[None], None, np.zeros((N, 0), np.int64), rng)
+    assert (n_acc == 0).all() and chi_square_gof(np.bincount(nxt, minlength=V), p)[2] > 1e-3
+    a, t = verify(np.stack([p, p]), q[None], np.array([3]), rng)
+    assert isinstance(a, int) and isinstance(t, int)
+
+
+def test_last_vocabulary_id_can_be_accepted():
+    p = np.zeros(V)
+    p[-1] = 1.0
+    assert verify(np.stack([p, p]), p[None], np.array([V - 1]), np.random.default_rng(0)) == (1, V - 1)
+
+
+@pytest.mark.parametrize("p_rows,q_rows,drafts", [
+    (np.ones((3, V)) / V, None, np.array([1])),              # p needs k + 1 rows
+    (np.ones((2, V)) / V, np.ones((2, V)) / V, np.array([1])),   # q needs k rows
+    (np.ones((2, V)) / V, None, np.array([V])),              # a draft outside the vocabulary
+    (np.ones((2, V)) / V, None, np.array([-1])),
+])
+def test_bad_input_raises(p_rows, q_rows, drafts):
+    with pytest.raises(ValueError):
+        verify(p_rows, q_rows, drafts, np.random.default_rng(0))
