@@ -7,7 +7,9 @@ placeholders) and allocates blocks for ``1 + k`` new tokens. Before the step run
 1. a ragged catch-up pass: each sequence feeds the tokens its draft cache is missing (usually the last
    one or two: the token the target just emitted, and after a fully accepted round the last draft too;
    the whole context the first time) and samples d_1 from the last row;
-2. ``k - 1`` decode passes, each feeding the previous draft token and sampling the next one.
+2. ``k - 1`` decode passes, each feeding the previous draft token and sampling the next one. When every
+   sequence drafts the same ``k`` and the runner has ``decode_chain`` (the torch runner), the positions,
+   lengths and slots of these passes advance on the device, with no host work between passes.
 
 The draft model's K/V pool mirrors the target's block layout: the same block ids and slots, so it needs no
 block manager of its own. A sequence's blocks already cover positions up to ``len(seq) + k - 1``, and the
@@ -70,6 +72,12 @@ class DraftModelProposer:
         bs = self.block_size
         return np.asarray(table, np.int64)[positions // bs] * bs + positions % bs
 
+    def _keep(self, tokens, q_all, batch, rows, active, i, tok, q) -> None:
+        """Record pass i's draft tokens, and put its q rows where the verifier will read them."""
+        tokens.append((active, tok))
+        if q is not None:
+            q_all[self.runner.index(np.array([batch.row_offsets[rows[j]] + i for j in active]))] = q
+
     def propose(self, batch: StepBatch) -> None:
         """Fill ``batch``'s reserved drafts (and ``draft_probs``) by running the draft model."""
         rows = [i for i, d in enumerate(batch.drafts) if d]
@@ -104,9 +112,24 @@ class DraftModelProposer:
         step = RaggedStep(ids, np.concatenate(pos), np.concatenate(slots), tables, n_new)
         active = np.arange(len(seqs))
         tokens = []                                     # per pass: (indices into seqs, backend tokens)
-        prev = None
-        for i in range(int(ks.max())):
-            if i > 0:
+        logits = run.logits(step)
+        self.calls += 1
+        prev, q = run.draft(logits, temp, top_k, top_p, seeds, n_out, want_probs=want_q)
+        self._keep(tokens, q_all, batch, rows, active, 0, prev, q)
+        k_max = int(ks.max())
+        if k_max > 1 and (ks == k_max).all() and hasattr(run, "decode_chain"):
+            # every sequence drafts k: the k - 1 decode passes advance on the device (see decode_chain)
+            p = lens + 0                                # d_1 is fed at position len
+            step = RaggedStep(np.zeros(len(seqs), np.int64), p,
+                              np.array([self._slots(s.block_table, p[j:j + 1])[0] for j, s in enumerate(seqs)]),
+                              tables, np.ones(len(seqs)))
+            chain = run.decode_chain(step, prev, k_max - 1, lambda lg, i: run.draft(
+                lg, temp, top_k, top_p, seeds, n_out + 1 + i, want_probs=want_q))
+            self.calls += k_max - 1
+            for i, (tok, q) in enumerate(chain, start=1):
+                self._keep(tokens, q_all, batch, rows, active, i, tok, q)
+        else:
+            for i in range(1, k_max):
                 keep = ks[active] > i                   # sequences that still want a draft
                 if not keep.all():
                     prev = prev[run.index(np.flatnonzero(keep))]
@@ -115,15 +138,11 @@ class DraftModelProposer:
                 step = RaggedStep(np.zeros(len(active), np.int64), p,
                                   np.array([self._slots(seqs[j].block_table, p[n:n + 1])[0]
                                             for n, j in enumerate(active)]), tables[active], np.ones(len(active)))
-            logits = run.logits(step, input_ids=prev if i > 0 else None)
-            self.calls += 1
-            tok, q = run.draft(logits, temp[active], top_k[active], top_p[active], seeds[active],
-                               n_out[active] + i, want_probs=want_q)
-            tokens.append((active, tok))
-            if q is not None:
-                dst = np.array([batch.row_offsets[rows[j]] + i for j in active])
-                q_all[run.index(dst)] = q
-            prev = tok
+                logits = run.logits(step, input_ids=prev)
+                self.calls += 1
+                prev, q = run.draft(logits, temp[active], top_k[active], top_p[active], seeds[active],
+                                    n_out[active] + i, want_probs=want_q)
+                self._keep(tokens, q_all, batch, rows, active, i, prev, q)
         drafts = [[] for _ in batch.drafts]
         for active_i, tok in tokens:                    # one trip to the host for every pass
             for j, t in zip(active_i, run.host(tok)):

@@ -293,6 +293,42 @@ class TorchRunner:
 
     # -- as a draft model (minillm.serving.draft.DraftModelProposer) --------------------------------------
     @torch.inference_mode()
+    def decode_chain(self, batch, input_ids, n_passes: int, sample):
+        """``n_passes`` decode passes over ``batch``'s sequences (one new token each), each feeding the tokens
+        ``sample(logits, i)`` drew from the previous one: a draft model's k - 1 decode passes.
+
+        The first pass runs ``batch`` with ``input_ids`` (device tensor); each later one advances every
+        sequence's position, length and slot by one on the device, so no metadata crosses from the host
+        between passes (the slots stay inside blocks the scheduler allocated for the drafts). Replays the
+        decode graph when one fits, else runs the same buffers eagerly. Returns [(tokens, extra)] per pass.
+        """
+        S, bs = batch.num_seqs, self.block_size
+        graph = None
+        if self.use_graphs and S <= self.graph_sizes[-1]:
+            graph = self._decode_graph(next(b for b in self.graph_sizes if b >= S))
+        if graph is not None:
+            g, st, out = graph
+        else:
+            st = self._static(S, S)
+        self._fill(st, batch, input_ids)
+        outs, tok = [], None
+        for i in range(n_passes):
+            if i:
+                st["ids"][:S].copy_(tok)
+                st["pos"][:S] += 1
+                st["lens"][:S] += 1
+                p = st["pos"][:S]
+                st["slots"][:S] = st["tables"][:S].gather(1, (p // bs)[:, None])[:, 0].long() * bs + p % bs
+            if graph is not None:
+                g.replay()
+                logits = out[:S]
+            else:
+                logits = self._forward_static(st, self._decode)[:S]
+            tok, extra = sample(logits, i)
+            outs.append((tok, extra))
+        return outs
+
+    @torch.inference_mode()
     def draft(self, logits, temperature, top_k, top_p, seeds, steps, want_probs: bool = True):
         if not (np.asarray(temperature) > 0).any():
             return logits.argmax(dim=1), None
