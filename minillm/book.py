@@ -82,6 +82,9 @@ def source_claims(path: Path | None = None) -> list[dict]:
         seen.add(c["id"])
         if c["section"] not in sections:
             raise ValueError(f"{where}: section {c['section']!r} is not one of {sections}")
+        if str(c["id"]).split(".")[0] != str(sections.index(c["section"]) + 1):
+            raise ValueError(f"{where}: the id must be <section number>.<n>, section {c['section']!r} is "
+                             f"number {sections.index(c['section']) + 1}")
         if not isinstance(c["quote"], str) or not c["quote"].strip() or len(c["quote"].split()) > 25:
             raise ValueError(f"{where}: the quote must be a short (at most 25 words) non-empty string")
         checked = c["checked_by"]

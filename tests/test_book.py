@@ -69,6 +69,7 @@ def _inventory(tmp_path, **change):
 
 @pytest.mark.parametrize("change, message", [
     ({"section": "B"}, "section 'B'"),
+    ({"id": "2.1"}, "the id must be <section number>"),
     ({"quote": " ".join(["word"] * 26)}, "at most 25 words"),
     ({"checked_by": []}, "checked_by must be null"),
     ({"checked_by": [{"chapter": "01_x", "verdict": "2x"}]}, "checked_by must be null"),

@@ -87,11 +87,10 @@ def test_claims_ledger_lists_every_verdict_line_of_every_chapter():
     checked = ledger_tables(claims_ledger.LEDGER.read_text())["Checked claims"]
     expected = Counter((link(chapter), claim, computed, "holds" if verdict == "holds" else "**does not hold**")
                        for chapter, claim, computed, verdict in printed_verdicts())
-    assert Counter(tuple(row[2:]) for row in checked) == expected
+    assert Counter(tuple(row[1:]) for row in checked) == expected
     ids = {c["id"]: c for c in source_claims()}
-    for row in checked:  # each row under the claim that names it, in that claim's section
-        claim = ids[row[0]]
-        assert row[1] == claim["section"] and row[3] in [v["verdict"] for v in claim["checked_by"]], row
+    for row in checked:  # each row under the claim that names it
+        assert row[2] in [v["verdict"] for v in ids[row[0]]["checked_by"]], row
 
 
 def test_claims_ledger_unchecked_count_equals_the_inventory():
@@ -144,10 +143,10 @@ def test_render_changed_verdict_changes_the_page(tmp_path):
         _fake_book(tmp_path / "b", "DOES NOT HOLD: claim 'c | d'; computed 1 * 2")), FAKE_CLAIMS)
     assert held != failed
     tables = ledger_tables(held)
-    assert tables["Checked claims"] == [["1.1", "One", "[1](chapters/01_x.ipynb)", "c | d", "1 * 2", "holds"]]
+    assert tables["Checked claims"] == [["1.1", "[1](chapters/01_x.ipynb)", "c | d", "1 * 2", "holds"]]
     assert tables["Not yet checked"] == [["1.2", "One", "\u201cit is *2x* faster\u201d", "not yet checked"]]
     assert "Verdict lines the inventory does not name" not in tables
-    assert ledger_tables(failed)["Checked claims"][0][5] == "**does not hold**"
+    assert ledger_tables(failed)["Checked claims"][0][4] == "**does not hold**"
     assert "- Checked: 1, by 1 verdict lines in 1 chapters (1 hold, 0 do not hold)." in held.splitlines()
 
 

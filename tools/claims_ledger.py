@@ -157,7 +157,7 @@ def render(rows: list[Verdict], claims: list[dict]) -> str:
     chapters = list(dict.fromkeys(r.chapter for r in rows))
     titles = {r.chapter: r.title for r in rows}
     out = [INTRO,
-           f"- Claims inventoried: {len(claims)}, in {len(sections)} sections of the page.",
+           f"- Claims inventoried: {len(claims)}, in {len(sections)} sections of the page, numbered section.claim.",
            f"- Checked: {n_checked}, by {len(found)} verdict lines in "
            f"{len(dict.fromkeys(r.chapter for r in found))} chapters ({held} hold, {len(found) - held} do not hold).",
            f"- Not yet checked: {len(m.unchecked)}.",
@@ -167,15 +167,17 @@ def render(rows: list[Verdict], claims: list[dict]) -> str:
         out.append(f"- Verdicts the inventory names that no chapter prints: {missing}.")
     if m.unnamed:
         out.append(f"- Verdict lines the inventory does not name: {len(m.unnamed)} (listed last).")
-    out += ["", "## Checked claims", "",
-            "| Claim | Section | Chapter | Checked as | Computed | Verdict |",
-            "| --- | --- | --- | --- | --- | --- |"]
+    numbered = dict.fromkeys((c["id"].split(".")[0], c["section"]) for c in claims)
+    out += ["", "Sections of the page: " + "; ".join(f"{n} {escape(name)}" for n, name in numbered) + ".",
+            "", "## Checked claims", "",
+            "| Claim | Chapter | Checked as | Computed | Verdict |",
+            "| --- | --- | --- | --- | --- |"]
     for c, ref, r in m.checked:
         if r is None:
-            out.append(f"| {c['id']} | {escape(c['section'])} | {chapter_link(ref['chapter'])} | "
+            out.append(f"| {c['id']} | {chapter_link(ref['chapter'])} | "
                        f"{escape(ref['verdict'])} | (no such verdict line in the chapter) | **not found** |")
         else:
-            out.append(f"| {c['id']} | {escape(c['section'])} | {chapter_link(r.chapter)} | {escape(r.claim)} | "
+            out.append(f"| {c['id']} | {chapter_link(r.chapter)} | {escape(r.claim)} | "
                        f"{escape(r.computed)} | {verdict_cell(r)} |")
     out += ["", "## Not yet checked", "",
             "No chapter prints a verdict on these claims yet.", "",
