@@ -58,3 +58,39 @@ def benchmark_script(name: str) -> Path | None:
     """``benchmarks/<name>`` when running from a checkout (the scripts are not in the installed package)."""
     path = _PACKAGE.parent / "benchmarks" / name
     return path if path.exists() else None
+
+
+def source_claims(path: Path | None = None) -> list[dict]:
+    """The inventory of the source page's quantitative claims (``minillm/data/source_claims.json``), in page order.
+
+    Each entry has an ``id``, the page's ``section``, a short verbatim ``quote`` and ``checked_by``: a list of
+    ``{"chapter": "chapters/NN_x", "verdict": <the claim text passed to verdict>}``, or None while no chapter
+    checks the claim. Raises ValueError on a malformed inventory.
+    """
+    path = _PACKAGE / "data" / "source_claims.json" if path is None else Path(path)
+    doc = json.loads(path.read_text())
+    sections, claims = doc.get("sections"), doc.get("claims")
+    if not isinstance(sections, list) or not isinstance(claims, list) or not claims:
+        raise ValueError(f"{path.name}: needs a list of 'sections' and a non-empty list of 'claims'")
+    seen = set()
+    for c in claims:
+        where = f"{path.name}: claim {c.get('id')!r}"
+        if set(c) != {"id", "section", "quote", "checked_by"}:
+            raise ValueError(f"{where} has keys {sorted(c)}, expected id, section, quote, checked_by")
+        if c["id"] in seen:
+            raise ValueError(f"{where} appears twice")
+        seen.add(c["id"])
+        if c["section"] not in sections:
+            raise ValueError(f"{where}: section {c['section']!r} is not one of {sections}")
+        if str(c["id"]).split(".")[0] != str(sections.index(c["section"]) + 1):
+            raise ValueError(f"{where}: the id must be <section number>.<n>, section {c['section']!r} is "
+                             f"number {sections.index(c['section']) + 1}")
+        if not isinstance(c["quote"], str) or not c["quote"].strip() or len(c["quote"].split()) > 25:
+            raise ValueError(f"{where}: the quote must be a short (at most 25 words) non-empty string")
+        checked = c["checked_by"]
+        if checked is not None and (not isinstance(checked, list) or not checked or not all(
+                isinstance(v, dict) and set(v) == {"chapter", "verdict"} and v["chapter"].startswith("chapters/")
+                and isinstance(v["verdict"], str) and v["verdict"] for v in checked)):
+            raise ValueError(f"{where}: checked_by must be null or a non-empty list of "
+                             "{'chapter': 'chapters/NN_x', 'verdict': claim text}")
+    return claims

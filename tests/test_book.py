@@ -44,3 +44,41 @@ def test_result_path_finds_recorded_results_and_the_shipped_copy_matches():
     assert result_path("serving_h200.json").exists()
     with pytest.raises(FileNotFoundError):
         result_path("nope.json")
+
+
+def test_source_claims_loads_the_shipped_inventory_in_page_order():
+    from minillm.book import source_claims
+
+    claims = source_claims()
+    assert len(claims) >= 40 and len({c["id"] for c in claims}) == len(claims)
+    numbers = [tuple(int(p) for p in c["id"].split(".")) for c in claims]
+    assert numbers == sorted(numbers)  # ids are section.n in page order
+    assert any(c["checked_by"] is None for c in claims) and any(c["checked_by"] for c in claims)
+
+
+def _inventory(tmp_path, **change):
+    import json
+
+    claim = {"id": "1.1", "section": "A", "quote": "it is 2x faster",
+             "checked_by": [{"chapter": "chapters/01_x", "verdict": "2x faster"}]}
+    claim.update(change)
+    path = tmp_path / "claims.json"
+    path.write_text(json.dumps({"sections": ["A"], "claims": [claim, dict(claim, id="1.2", checked_by=None)]}))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"section": "B"}, "section 'B'"),
+    ({"id": "2.1"}, "the id must be <section number>"),
+    ({"quote": " ".join(["word"] * 26)}, "at most 25 words"),
+    ({"checked_by": []}, "checked_by must be null"),
+    ({"checked_by": [{"chapter": "01_x", "verdict": "2x"}]}, "checked_by must be null"),
+    ({"id": "1.2"}, "appears twice"),
+    ({"extra": 1}, "expected id, section, quote, checked_by"),
+])
+def test_source_claims_malformed_entry_raises(tmp_path, change, message):
+    from minillm.book import source_claims
+
+    assert len(source_claims(_inventory(tmp_path))) == 2
+    with pytest.raises(ValueError, match=message):
+        source_claims(_inventory(tmp_path, **change))

@@ -1,13 +1,18 @@
-"""tools/claims_ledger.py: the Claims ledger appendix is built from the chapters' verdict lines and is current."""
+"""tools/claims_ledger.py: the Claims ledger lists every inventoried claim of the source page, checked or not,
+the inventory and the chapters' verdict lines agree, and the committed page is current."""
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from minillm.book import source_claims
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("claims_ledger", ROOT / "tools" / "claims_ledger.py")
@@ -16,42 +21,94 @@ sys.modules["claims_ledger"] = claims_ledger  # dataclasses look their module up
 _spec.loader.exec_module(claims_ledger)
 
 
-def ledger_rows(text: str) -> list[list[str]]:
-    """The table's body rows, cells split on unescaped '|' and Markdown escapes removed."""
-    rows = []
+def ledger_tables(text: str) -> dict[str, list[list[str]]]:
+    """Each '## ' section's table body rows, cells split on unescaped '|' and Markdown escapes removed."""
+    tables, heading = {}, None
     for line in text.splitlines():
-        if not re.match(r"^\| \d+ \|", line):
-            continue
-        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        rows.append([re.sub(r"\\(.)", r"\1", c) for c in cells])
-    return rows
+        if line.startswith("## "):
+            heading = line[3:]
+            tables[heading] = []
+        elif heading and line.startswith("| ") and not line.startswith(("| ---", "| Claim |", "| Chapter |")):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            tables[heading].append([re.sub(r"\\(.)", r"\1", c) for c in cells])
+    return tables
 
 
-def test_claims_ledger_committed_page_is_current():
-    assert claims_ledger.LEDGER.read_text() == claims_ledger.render(claims_ledger.collect()), (
-        "claims_ledger.md is out of date: run python tools/claims_ledger.py")
-
-
-def test_claims_ledger_lists_every_verdict_line_of_every_chapter():
-    # An independent scan: every printed line that starts like a verdict, in every chapter notebook.
+def printed_verdicts(root: Path = ROOT) -> list[tuple[str, str, str, str]]:
+    """An independent scan: (chapter, claim, computed, verdict) of every printed line that starts like a verdict,
+    in every chapter notebook."""
     printed = []
-    for nb_path in sorted((ROOT / "chapters").glob("*.ipynb")):
+    for nb_path in sorted((root / "chapters").glob("*.ipynb")):
         nb = json.loads(nb_path.read_text())
-        number = nb_path.name.split("_")[0].lstrip("0")
         for cell in nb["cells"]:
             for out in cell.get("outputs", []):
                 for line in "".join(out.get("text", "")).splitlines():
                     if line.startswith(("holds: claim ", "DOES NOT HOLD: claim ")):
-                        printed.append((number, line))
-    rows = ledger_rows(claims_ledger.LEDGER.read_text())
-    assert len(printed) >= 40 and len(rows) == len(printed)
-    for (number, line), row in zip(printed, rows):
-        verdict, rest = line.split(": claim ", 1)
-        claim, computed = rest.rsplit("; computed ", 1) if "; computed " in rest else (rest, "")
-        assert row[1] == f"[{number}](chapters/{next((ROOT / 'chapters').glob(f'{int(number):02d}_*.ipynb')).stem}.ipynb)"
-        assert row[2] == claim[1:-1].replace("\\'", "'"), line
-        assert row[3] == computed, line
-        assert row[4] == ("holds" if verdict == "holds" else "**does not hold**"), line
+                        verdict, rest = line.split(": claim ", 1)
+                        claim, computed = rest.rsplit("; computed ", 1) if "; computed " in rest else (rest, "")
+                        printed.append((f"chapters/{nb_path.stem}", ast.literal_eval(claim), computed, verdict))
+    return printed
+
+
+def named_verdicts(claims: list[dict]) -> list[tuple[str, str]]:
+    return [(v["chapter"], v["verdict"]) for c in claims for v in c["checked_by"] or []]
+
+
+def link(chapter: str) -> str:
+    return f"[{chapter.split('/')[1].split('_')[0].lstrip('0')}]({chapter}.ipynb)"
+
+
+def test_claims_ledger_committed_page_is_current():
+    assert claims_ledger.LEDGER.read_text() == claims_ledger.render(
+        claims_ledger.collect(), claims_ledger.load_inventory()), (
+        "claims_ledger.md is out of date: run python tools/claims_ledger.py")
+
+
+def test_inventory_each_named_verdict_matches_exactly_one_verdict_line():
+    printed = Counter((chapter, claim) for chapter, claim, _, _ in printed_verdicts())
+    named = named_verdicts(source_claims())
+    assert len(named) >= 40
+    wrong = [(key, printed[key]) for key in named if printed[key] != 1]
+    assert not wrong, f"inventory verdicts printed by no chapter, or by more than one line: {wrong}"
+
+
+def test_inventory_names_every_verdict_line_of_every_chapter_once():
+    printed = printed_verdicts()
+    named = Counter(named_verdicts(source_claims()))
+    assert len(printed) >= 40
+    unnamed = [(chapter, claim) for chapter, claim, _, _ in printed if named[(chapter, claim)] == 0]
+    assert not unnamed, ("verdict lines no claim in minillm/data/source_claims.json names "
+                         f"(add them to the inventory): {unnamed}")
+    twice = [key for key, n in named.items() if n > 1]
+    assert not twice, f"verdicts named by more than one inventory claim: {twice}"
+
+
+def test_claims_ledger_lists_every_verdict_line_of_every_chapter():
+    checked = ledger_tables(claims_ledger.LEDGER.read_text())["Checked claims"]
+    expected = Counter((link(chapter), claim, computed, "holds" if verdict == "holds" else "**does not hold**")
+                       for chapter, claim, computed, verdict in printed_verdicts())
+    assert Counter(tuple(row[1:]) for row in checked) == expected
+    ids = {c["id"]: c for c in source_claims()}
+    for row in checked:  # each row under the claim that names it
+        assert row[2] in [v["verdict"] for v in ids[row[0]]["checked_by"]], row
+
+
+def test_claims_ledger_unchecked_count_equals_the_inventory():
+    text = claims_ledger.LEDGER.read_text()
+    unchecked = [c for c in source_claims() if c["checked_by"] is None]
+    rows = ledger_tables(text)["Not yet checked"]
+    assert unchecked and len(rows) == len(unchecked)
+    assert f"- Not yet checked: {len(unchecked)}." in text.splitlines()
+    for row, c in zip(rows, unchecked):
+        assert row == [c["id"], c["section"], f"\u201c{c['quote']}\u201d", "not yet checked"]
+    n_checked = len(source_claims()) - len(unchecked)
+    assert re.search(rf"^- Checked: {n_checked}, by ", text, re.M)
+
+
+def test_claims_ledger_intro_prose_has_no_typed_number():
+    page = claims_ledger.render(claims_ledger.collect(), claims_ledger.load_inventory())
+    intro = page.split("\n\n- ", 1)[0]
+    assert "Claims ledger" in intro and not re.search(r"\d", intro), intro
 
 
 def test_parse_line_reads_claim_computed_and_verdict():
@@ -61,24 +118,51 @@ def test_parse_line_reads_claim_computed_and_verdict():
     assert claims_ledger.parse_line("N=  256: standard peak") is None
 
 
-def _fake_book(tmp_path: Path, line: str) -> Path:
+def _fake_book(tmp_path: Path, *lines: str) -> Path:
     (tmp_path / "chapters").mkdir(parents=True)
     (tmp_path / "_toc.yml").write_text("root: intro\nchapters:\n  - file: chapters/01_x\n")
     nb = {"cells": [
         {"cell_type": "markdown", "source": ["# 1. X\n"], "metadata": {}},
         {"cell_type": "code", "source": [], "metadata": {}, "execution_count": 1,
-         "outputs": [{"output_type": "stream", "name": "stdout", "text": [line + "\n", "other output\n"]}]},
+         "outputs": [{"output_type": "stream", "name": "stdout", "text": [line + "\n" for line in lines] + ["other output\n"]}]},
     ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
     (tmp_path / "chapters" / "01_x.ipynb").write_text(json.dumps(nb))
     return tmp_path
 
 
-def test_collect_changed_verdict_changes_the_page(tmp_path):
-    held = claims_ledger.render(claims_ledger.collect(_fake_book(tmp_path / "a", "holds: claim 'c | d'; computed 1 * 2")))
-    failed = claims_ledger.render(claims_ledger.collect(_fake_book(tmp_path / "b", "DOES NOT HOLD: claim 'c | d'; computed 1 * 2")))
+FAKE_CLAIMS = [
+    {"id": "1.1", "section": "One", "quote": "c | d", "checked_by": [{"chapter": "chapters/01_x", "verdict": "c | d"}]},
+    {"id": "1.2", "section": "One", "quote": "it is *2x* faster", "checked_by": None},
+]
+
+
+def test_render_changed_verdict_changes_the_page(tmp_path):
+    held = claims_ledger.render(claims_ledger.collect(
+        _fake_book(tmp_path / "a", "holds: claim 'c | d'; computed 1 * 2")), FAKE_CLAIMS)
+    failed = claims_ledger.render(claims_ledger.collect(
+        _fake_book(tmp_path / "b", "DOES NOT HOLD: claim 'c | d'; computed 1 * 2")), FAKE_CLAIMS)
     assert held != failed
-    assert ledger_rows(held) == [["1", "[1](chapters/01_x.ipynb)", "c | d", "1 * 2", "holds"]]
-    assert ledger_rows(failed)[0][4] == "**does not hold**"
+    tables = ledger_tables(held)
+    assert tables["Checked claims"] == [["1.1", "[1](chapters/01_x.ipynb)", "c | d", "1 * 2", "holds"]]
+    assert tables["Not yet checked"] == [["1.2", "One", "\u201cit is *2x* faster\u201d", "not yet checked"]]
+    assert "Verdict lines the inventory does not name" not in tables
+    assert ledger_tables(failed)["Checked claims"][0][4] == "**does not hold**"
+    assert "- Checked: 1, by 1 verdict lines in 1 chapters (1 hold, 0 do not hold)." in held.splitlines()
+
+
+def test_render_verdict_no_claim_names_gets_its_own_table(tmp_path):
+    rows = claims_ledger.collect(_fake_book(tmp_path, "holds: claim 'c | d'; computed 1", "holds: claim 'new'; computed 2"))
+    page = claims_ledger.render(rows, FAKE_CLAIMS)
+    assert ledger_tables(page)["Verdict lines the inventory does not name"] == [
+        ["[1](chapters/01_x.ipynb)", "new", "2", "holds"]]
+    assert "- Verdict lines the inventory does not name: 1 (listed last)." in page.splitlines()
+
+
+def test_render_named_verdict_no_chapter_prints_is_marked_not_found(tmp_path):
+    rows = claims_ledger.collect(_fake_book(tmp_path, "holds: claim 'c | e'; computed 1"))
+    page = claims_ledger.render(rows, FAKE_CLAIMS)
+    assert ledger_tables(page)["Checked claims"][0][-1] == "**not found**"
+    assert "- Verdicts the inventory names that no chapter prints: 1." in page.splitlines()
 
 
 def test_notebook_title_missing_raises():
