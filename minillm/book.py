@@ -94,3 +94,12 @@ def source_claims(path: Path | None = None) -> list[dict]:
             raise ValueError(f"{where}: checked_by must be null or a non-empty list of "
                              "{'chapter': 'chapters/NN_x', 'verdict': claim text}")
     return claims
+
+
+def source(obj) -> str:
+    """``inspect.getsource(obj)`` without the course's ``# BEGIN SOLUTION`` / ``# END SOLUTION`` marker lines,
+    for chapters that print the package's code."""
+    import inspect
+
+    return "".join(line for line in inspect.getsource(obj).splitlines(keepends=True)
+                   if line.strip() not in ("# BEGIN SOLUTION", "# END SOLUTION"))

@@ -82,3 +82,11 @@ def test_source_claims_malformed_entry_raises(tmp_path, change, message):
     assert len(source_claims(_inventory(tmp_path))) == 2
     with pytest.raises(ValueError, match=message):
         source_claims(_inventory(tmp_path, **change))
+
+
+def test_source_drops_the_assignment_markers():
+    from minillm.book import source
+    from minillm.paged.allocator import BlockAllocator
+
+    src = source(BlockAllocator.allocate)
+    assert "def allocate" in src and "OutOfBlocks" in src and "SOLUTION" not in src
