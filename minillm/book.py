@@ -97,9 +97,11 @@ def source_claims(path: Path | None = None) -> list[dict]:
 
 
 def source(obj) -> str:
-    """``inspect.getsource(obj)`` without the course's ``# BEGIN SOLUTION`` / ``# END SOLUTION`` marker lines,
-    for chapters that print the package's code."""
+    """``inspect.getsource(obj)`` without the course's solution-marker lines (``minillm.assignments``), for
+    chapters that print the package's code."""
     import inspect
 
+    from .assignments.markers import BEGIN, END
+
     return "".join(line for line in inspect.getsource(obj).splitlines(keepends=True)
-                   if line.strip() not in ("# BEGIN SOLUTION", "# END SOLUTION"))
+                   if line.strip() not in (BEGIN, END))

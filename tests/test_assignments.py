@@ -277,3 +277,72 @@ def test_cli_errors_exit_2_with_a_message(tmp_path):
         out = subprocess.run([sys.executable, "-m", "minillm.assignments", *args], env=env, capture_output=True,
                              text=True, check=False)
         assert out.returncode == 2 and msg in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+# --------------------------------------------------------------------------- submissions
+
+
+def test_pack_then_grade_the_zip_scores_full_marks(tmp_path):
+    from minillm.assignments.submission import pack
+    tree = tmp_path / "tree"
+    build(tree, [n for n in NUMBERS if n != 9])          # assignment 9 solved (the reference)
+    zpath = pack(tree, 9, tmp_path / "a9.zip")
+    report = grade(zpath, 9)
+    assert report["score"] == report["max_score"] > 0 and report["student_dir"] == str(zpath)
+
+
+def test_graded_zip_uses_the_submitted_files_not_the_reference(tmp_path, student_tree):
+    from minillm.assignments.submission import pack
+    report = grade(pack(student_tree, 9, tmp_path / "stub.zip"), 9)   # the stubs, packed
+    assert report["score"] == 0
+
+
+def test_unpack_rejects_wrong_assignment_tampered_and_foreign_files(tmp_path, student_tree):
+    import json
+    import zipfile
+
+    from minillm.assignments.submission import MANIFEST, pack, unpack
+    z = pack(student_tree, 9, tmp_path / "a9.zip")
+    with pytest.raises(AssignmentError, match="assignment 9, not 8"):
+        unpack(z, 8, tmp_path / "w1")
+    bad = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(z) as src, zipfile.ZipFile(bad, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            dst.writestr(name, data + b"\n# edited" if name.endswith(".py") else data)
+    with pytest.raises(AssignmentError, match="checksum"):
+        unpack(bad, 9, tmp_path / "w2")
+    extra = tmp_path / "extra.zip"
+    with zipfile.ZipFile(z) as src, zipfile.ZipFile(extra, "w") as dst:
+        for name in src.namelist():
+            dst.writestr(name, src.read(name))
+        dst.writestr("minillm/model.py", "raise SystemExit\n")
+    with pytest.raises(AssignmentError, match="unexpected files"):
+        unpack(extra, 9, tmp_path / "w3")
+    (tmp_path / "junk.zip").write_text("not a zip")
+    with pytest.raises(AssignmentError, match="not a readable zip"):
+        unpack(tmp_path / "junk.zip", 9, tmp_path / "w4")
+    nomanifest = tmp_path / "nomanifest.zip"
+    with zipfile.ZipFile(nomanifest, "w") as dst:
+        dst.writestr("minillm/speculative.py", "")
+    with pytest.raises(AssignmentError, match=MANIFEST):
+        unpack(nomanifest, 9, tmp_path / "w5")
+    assert json.loads(zipfile.ZipFile(z).read(MANIFEST))["assignment"] == 9
+
+
+def test_cli_pack_runs_the_public_tests_and_writes_the_zip(tmp_path):
+    tree = tmp_path / "tree"
+    build(tree, [9])
+    shutil.copy(PACKAGE_DIR / "speculative.py", tree / "minillm" / "speculative.py")   # "solved"
+    r = subprocess.run([sys.executable, "-m", "minillm.assignments", "pack", str(tree), "-a", "9"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "3 passed" in r.stdout and (tree / "assignment-09-submission.zip").exists()
+    os.remove(tree / "assignment-09-submission.zip")
+    r = subprocess.run([sys.executable, "handin.py", "9"], cwd=tree, capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert r.returncode == 0 and "3 passed" in r.stdout
+    assert grade(tree / "assignment-09-submission.zip", 9)["score"] > 0      # the student-side script's zip grades
+    (tree / "tests" / "a09_public.py").unlink()
+    r = subprocess.run([sys.executable, "-m", "minillm.assignments", "test", str(tree), "-a", "9"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "not built for assignment 9" in r.stderr

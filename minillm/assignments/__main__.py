@@ -1,4 +1,4 @@
-"""Command line: ``python -m minillm.assignments {list,build,grade,leak-check}``."""
+"""Command line: ``python -m minillm.assignments {list,build,test,pack,grade,leak-check,instructors-page}``."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,14 @@ def main(argv=None) -> int:
     b.add_argument("out_dir")
     b.add_argument("--assignment", "-a", action="append", help="only this assignment (repeatable); default all")
     b.add_argument("--force", action="store_true", help="replace OUT_DIR if it is not empty")
-    g = sub.add_parser("grade", help="run the public and grader tests against a student tree")
+    t = sub.add_parser("test", help="a student's check: run one assignment's public tests in your tree")
+    t.add_argument("student_dir")
+    t.add_argument("--assignment", "-a", required=True)
+    k = sub.add_parser("pack", help="run the public tests, then zip your files for one assignment to hand in")
+    k.add_argument("student_dir")
+    k.add_argument("--assignment", "-a", required=True)
+    k.add_argument("--out", help="the zip to write (default STUDENT_DIR/assignment-NN-submission.zip)")
+    g = sub.add_parser("grade", help="run the public and grader tests against a student tree or a submission zip")
     g.add_argument("student_dir")
     g.add_argument("--assignment", "-a", required=True)
     g.add_argument("--out", default="grades", help="folder for the JSON and JUnit reports (default ./grades)")
@@ -40,6 +47,26 @@ def main(argv=None) -> int:
                   f"({len(info['stubbed'])} files stubbed); leak check passed")
             for path, n in info["scrubbed"].items():
                 print(f"  {path}: dropped {n} line(s) that quote a solution")
+        elif args.command in ("test", "pack"):
+            import subprocess
+
+            from .grader import check_student_dir
+            from .registry import get
+
+            a = get(args.assignment)
+            root = check_student_dir(args.student_dir, a)
+            if not (root / "tests" / a.public_tests).is_file():
+                raise AssignmentError(f"{root}/tests/{a.public_tests} is missing: this tree was not built for "
+                                      f"assignment {a.number} (python -m minillm.assignments build DIR -a {a.number})")
+            rc = subprocess.call([sys.executable, "-m", "pytest", "-q", f"tests/{a.public_tests}"], cwd=root,
+                                 env={**__import__("os").environ, "PYTHONPATH": str(root)})
+            if args.command == "pack":
+                from .submission import pack
+
+                path = pack(root, a.number, args.out)
+                print(f"wrote {path}" + ("" if rc == 0 else "  (some public tests fail: it is packed anyway)"))
+                return 0
+            return rc
         elif args.command == "grade":
             from .grader import grade, summary
 

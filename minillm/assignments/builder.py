@@ -135,14 +135,56 @@ assignments also need `torch` and `triton` (they run on a CPU through Triton's i
 |---|---|---|---|
 {rows}
 
-Run one assignment's public tests from this folder:
+Run one assignment's public tests from this folder, and pack your files to hand in:
 
 ```bash
 PYTHONPATH=$PWD python -m pytest -q tests/a01_public.py
+python handin.py 1        # runs the public tests, then writes assignment-01-submission.zip
 ```
 
-Hand in the whole folder; the grader runs the public tests and hidden ones.
+The grader runs the public tests and hidden ones on the files in the zip.
 """
+
+
+HANDIN = '''"""Hand in one assignment: run its public tests, then zip the files you wrote (python handin.py N).
+
+Written by `python -m minillm.assignments build`; the same format as `python -m minillm.assignments pack`.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+FILES = {files}
+TITLES = {titles}
+
+n = int(sys.argv[1]) if len(sys.argv) == 2 and sys.argv[1].isdigit() else None
+if str(n) not in FILES:
+    sys.exit(f"usage: python handin.py N, with N one of {{', '.join(FILES)}}")
+root = Path(__file__).resolve().parent
+rc = subprocess.call([sys.executable, "-m", "pytest", "-q", f"tests/a{{n:02d}}_public.py"], cwd=root,
+                     env={{**os.environ, "PYTHONPATH": str(root)}})
+files = FILES[str(n)]
+manifest = {{"assignment": n, "title": TITLES[str(n)], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": {{f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}}}}
+out = root / f"assignment-{{n:02d}}-submission.zip"
+with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+    for f in files:
+        z.write(root / f, f)
+    z.writestr("submission.json", json.dumps(manifest, indent=2))
+print(f"wrote {{out}}" + ("" if rc == 0 else "  (some public tests fail: it is packed anyway)"))
+'''
+
+
+def handin_script(numbers) -> str:
+    from .submission import files_of
+
+    return HANDIN.format(files=repr({str(n): files_of(ASSIGNMENTS[n]) for n in numbers}),
+                         titles=repr({str(n): ASSIGNMENTS[n].title for n in numbers}))
 
 
 def build(out_dir, numbers=None, force: bool = False) -> dict:
@@ -177,6 +219,7 @@ def build(out_dir, numbers=None, force: bool = False) -> dict:
         (out / "handouts" / f"{a.slug}.md").write_text(handout(a))
     (out / "pytest.ini").write_text(PYTEST_INI)
     (out / "README.md").write_text(readme(numbers))
+    (out / "handin.py").write_text(handin_script(numbers))
     leaks = leak_check(out, numbers)
     if leaks:
         raise AssignmentError(f"the student tree leaks {len(leaks)} solution line(s):\n" + "\n".join(leaks[:20]))

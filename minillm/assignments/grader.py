@@ -172,7 +172,16 @@ def _canonical_tests(work: Path, files: list[str]) -> dict[str, dict]:
 
 
 def grade(student_dir, number, out_dir=None, timeout: float = 60.0) -> dict:
-    """Grade one assignment; writes assignment-NN.json and assignment-NN.junit.xml to ``out_dir``."""
+    """Grade one assignment; writes assignment-NN.json and assignment-NN.junit.xml to ``out_dir``.
+
+    ``student_dir`` is a student tree, or a submission zip from ``pack`` (graded over a fresh tree)."""
+    if str(student_dir).endswith(".zip"):
+        from .submission import unpack
+
+        with tempfile.TemporaryDirectory(prefix="minillm-submission-") as tmp:
+            report = grade(unpack(student_dir, number, Path(tmp) / "tree"), number, out_dir, timeout)
+            report["student_dir"] = str(student_dir)
+            return report
     a = get(number)
     student = check_student_dir(student_dir, a)
     if not timeout > 0:
