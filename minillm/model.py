@@ -211,12 +211,15 @@ class Model:
 
         return KVCache.allocate(self.config, batch=batch, capacity=capacity)
 
-    def forward(self, ids, cache=None, ops: StepOps | None = None) -> np.ndarray:
+    def forward(self, ids, cache=None, ops: StepOps | None = None, return_hidden: bool = False):
         """Logits for every input position.
 
         ids: (N,) or (B, N) integer array. Returns (N, V) or (B, N, V) float32.
         With ``cache``, the ids are the *new* positions starting at
         ``cache.length``; their K/V are written into the cache.
+        With ``return_hidden=True`` it returns ``(logits, hidden)``: ``hidden`` (N, d_model) or
+        (B, N, d_model) is the final hidden state, the residual stream after the last RMSNorm, so that
+        ``logits == hidden @ params["lm_head"]``. Medusa-style heads (:mod:`minillm.medusa`) read it.
         """
         cfg = self.config
         ids = check_token_ids(ids, cfg.vocab_size)
@@ -257,7 +260,10 @@ class Model:
             cache.advance(N)
         if ops is not None:
             ops.attn_rows += B * N
-        logits = _linear(rms_norm(x, P["norm"], cfg.norm_eps), P["lm_head"], ops)
+        hidden = rms_norm(x, P["norm"], cfg.norm_eps)
+        logits = _linear(hidden, P["lm_head"], ops)
+        if return_hidden:
+            return (logits[0], hidden[0]) if squeeze else (logits, hidden)
         return logits[0] if squeeze else logits
 
 

@@ -67,6 +67,24 @@ def test_forward_counts_ops_from_shapes(small_model):
     assert ops.proj_flops == 2 * 10 * n_matmul_params
 
 
+def test_forward_return_hidden_is_the_normed_state_before_lm_head(small_model, rng):
+    ids = rng.integers(0, 256, (2, 9))
+    logits, hidden = small_model.forward(ids, return_hidden=True)
+    assert hidden.shape == (2, 9, SMALL.d_model)
+    np.testing.assert_array_equal(logits, small_model.forward(ids))          # the logits do not change
+    np.testing.assert_array_equal(hidden @ small_model.params["lm_head"], logits)
+    # the final RMSNorm is applied: with its all-ones weight each row's RMS is 1, less the eps (small activations)
+    rms = np.sqrt(np.mean(hidden ** 2, axis=-1))
+    assert np.all((rms > 0.9) & (rms <= 1.0 + 1e-5))
+    # on a cache, and unbatched: the rows of the new positions only
+    cache = small_model.new_cache(batch=1, capacity=16)
+    small_model.forward(ids[:1, :5], cache=cache)
+    lg, h = small_model.forward(ids[0, 5:], cache=cache, return_hidden=True)
+    assert h.shape == (4, SMALL.d_model)
+    np.testing.assert_allclose(h, hidden[0, 5:], atol=1e-5)
+    np.testing.assert_allclose(lg, logits[0, 5:], atol=1e-5)
+
+
 def test_forward_rejects_too_long_input(small_model):
     with pytest.raises(ValueError, match="max_seq_len"):
         small_model.forward(np.zeros(SMALL.max_seq_len + 1, int))
