@@ -135,7 +135,7 @@ BWD_TILE_CONFIGS = ([(16, 32, 32, 16, 1, 1), (32, 16, 16, 32, 1, 1), (16, 64, 64
 
 
 @pytest.mark.parametrize("config", BWD_TILE_CONFIGS)  # (M1, N1, M2, N2, warps, stages)
-@pytest.mark.parametrize("nq,nk,hq,hkv", [(45, 100, 4, 2), (100, 45, 2, 1), (70, 70, 2, 2), (1, 33, 2, 1)])
+@pytest.mark.parametrize("nq,nk,hq,hkv", [(45, 100, 4, 2), (100, 45, 2, 1), (70, 70, 2, 2), (1, 33, 2, 1), (50, 48, 2, 1)])
 def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk, hq, hkv):
     """M1 != N1 and M2 != N2 move where the diagonal band ends and the unmasked interior begins."""
     from minillm.kernels.flash_attention import _backward_v2
