@@ -393,7 +393,8 @@ def _bwd_preprocess_v2(O, DO, LSE, DELTA, LSE2, Nq, H, sob, soh, son, sdb, sdh, 
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, hi, Nq, offset,
-                    sqn, sdn, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, MASK_CAUSAL: tl.constexpr,
+                    sqn, sdn, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    MASK_CAUSAL: tl.constexpr,
                     CHECK_ROWS: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
     """Query tiles [lo, hi) of one query head against one key tile: dV += P^T dO, dK += dS^T Q (unscaled)."""
     dmask = dims < HEAD_DIM
@@ -408,14 +409,14 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, 
         else:
             lse2 = tl.load(lse2_base + rows)
             delta = tl.load(delta_base + rows)
-        st = _mma(k, qt, tl.zeros([k.shape[0], BLOCK_M], tl.float32), IEEE)  # S^T, (BLOCK_N, BLOCK_M)
+        st = _mma(k, qt, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # S^T, (BLOCK_N, BLOCK_M)
         pt = tl.exp2(st * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
             pt = tl.where(cols[:, None] <= rows[None, :] + offset, pt, 0.0)
         do = _load_tile(do_base + rows[:, None] * sdn + dims[None, :], in_q[:, None], dmask[None, :],
                         CHECK_ROWS, PAD_D)  # (BLOCK_M, BLOCK_D)
         dv = _mma(pt.to(do.dtype), do, dv, IEEE)
-        dpt = _mma(v, tl.trans(do), tl.zeros([k.shape[0], BLOCK_M], tl.float32), IEEE)  # dP^T
+        dpt = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # dP^T
         dst = pt * (dpt - delta[None, :])
         dk = _mma(dst.to(qt.dtype), tl.trans(qt), dk, IEEE)
     return dk, dv
@@ -423,8 +424,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, 
 
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
-                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                  PAD_D: tl.constexpr, IEEE: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
     """Key tiles [lo, hi) against one query tile: dQ += dS K (unscaled)."""
     dmask = dims < HEAD_DIM
     for start in tl.range(lo, hi, BLOCK_N):
@@ -432,14 +433,14 @@ def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, lo, hi, Nk
         in_k = cols < Nk
         kt = _load_tile(k_base + cols[None, :] * skn + dims[:, None], in_k[None, :], dmask[:, None], MASKED, PAD_D)
         vt = _load_tile(v_base + cols[None, :] * svn + dims[:, None], in_k[None, :], dmask[:, None], MASKED, PAD_D)
-        s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
+        s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             valid = in_k[None, :]
             if CAUSAL:
                 valid = valid & (cols[None, :] <= rows[:, None] + offset)
             p = tl.where(valid, p, 0.0)
-        dp = _mma(do, vt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
+        dp = _mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
         ds = p * (dp - delta[:, None])
         dq = _mma(ds.to(kt.dtype), tl.trans(kt), dq, IEEE)
     return dq
@@ -478,7 +479,9 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
             # rows >= n0 - offset see the tile's first key; rows >= n0 + BLOCK_N1 - 1 - offset see all of it
             lo = (tl.maximum(n0 - offset, 0) // BLOCK_M1) * BLOCK_M1
             mid = tl.minimum(tl.cdiv(tl.maximum(n0 + BLOCK_N1 - 1 - offset, 0), BLOCK_M1) * BLOCK_M1, Nq)
-        tail = tl.maximum(mid, full_q)
+        tail = full_q  # the ragged last query tile, unless the diagonal band already covered it
+        if CAUSAL:
+            tail = tl.maximum(mid, full_q)
         for g in range(0, GROUP):
             h = hk * GROUP + g
             bh = b * Hq + h
@@ -488,11 +491,11 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
             delta_base = DELTA + bh * Nq
             if CAUSAL:  # the diagonal band: causal mask and row mask
                 dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, mid,
-                                         Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, True, True, PAD_D, IEEE)
+                                         Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1, True, True, PAD_D, IEEE)
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, mid, full_q,
-                                     Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, False, False, PAD_D, IEEE)
+                                     Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1, False, False, PAD_D, IEEE)
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, tail, Nq,
-                                     Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, False, True, PAD_D, IEEE)
+                                     Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1, False, True, PAD_D, IEEE)
         tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
                  (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
         tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
@@ -521,9 +524,9 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
             first_row_sees = tl.maximum(pid_m * BLOCK_M2 + offset + 1, 0)  # keys the tile's first row sees
             full = tl.minimum(full, (first_row_sees // BLOCK_N2) * BLOCK_N2)
         dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, 0, full, Nk, offset, skn, svn,
-                           qk_scale, HEAD_DIM, BLOCK_N2, False, CAUSAL, PAD_D, IEEE)
+                           qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, False, CAUSAL, PAD_D, IEEE)
         dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, full, hi, Nk, offset, skn, svn,
-                           qk_scale, HEAD_DIM, BLOCK_N2, True, CAUSAL, PAD_D, IEEE)
+                           qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, True, CAUSAL, PAD_D, IEEE)
         tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqn + dims[None, :],
                  (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
 
