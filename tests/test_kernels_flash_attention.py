@@ -147,6 +147,36 @@ def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk,
             np.testing.assert_allclose(g, w, atol=5e-5, err_msg=f"d{name} causal={causal}")
 
 
+def test_backward_v2_falls_back_when_the_table_config_does_not_fit(monkeypatch):
+    """A table entry that runs out of shared memory / registers on some GPU is replaced by a smaller config."""
+    from triton.runtime.errors import OutOfResources
+
+    from minillm.kernels import flash_attention as fa
+
+    table = fa._bwd_blocks(32, torch.float32)
+    real = fa._bwd_kernel_v2
+
+    class TableConfigDoesNotFit:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                cfg = tuple(kw[n] for n in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages"))
+                if cfg == table:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(fa, "_bwd_kernel_v2", TableConfigDoesNotFit())
+    monkeypatch.setattr(fa, "_bwd_config_chosen", {})
+    got, want = grads_and_reference(1, 4, 2, 40, 33, 32, True, torch.float32,
+                                    lambda *t: fa._backward_v2(*t, True, 32 ** -0.5))
+    assert fa.last_backward_config != table and fa.last_backward_config in fa._BWD_FALLBACKS
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=5e-5)
+    with pytest.raises(OutOfResources):  # an explicit config (the tune sweep's) is never replaced
+        z = torch.zeros(1, 1, 4, 32, device=DEVICE)
+        fa._backward_v2(z, z, z, z, torch.zeros(1, 1, 4, device=DEVICE), z, False, 1.0, config=table)
+
+
 def test_flash_attention_rejects_unknown_bwd_impl():
     with pytest.raises(ValueError, match="bwd_impl"):
         flash_attention(*make(1, 2, 2, 4, 4, 16, torch.float32), bwd_impl="v3")

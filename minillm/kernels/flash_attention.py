@@ -547,14 +547,21 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, in
     return 32, 64, 64, 32, 8, 1
 
 
+# Smaller configs tried in order when a table entry does not fit the GPU (OutOfResources: shared memory
+# or registers); the first that launches is remembered per (head dim, dtype) and recorded below.
+_BWD_FALLBACKS = ((64, 64, 64, 64, 4, 2), (32, 64, 64, 32, 4, 1), (16, 32, 32, 16, 4, 1))
+_bwd_config_chosen: dict = {}
+last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
+
+
 def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
-    """One preprocess launch and one backward launch; ``config`` = _bwd_blocks' tuple overrides the table."""
+    """One preprocess launch and one backward launch. ``config`` = _bwd_blocks' tuple overrides the
+    table (and then an OutOfResources error propagates: the tune sweep records it)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))
     block_d = max(16, triton.next_power_of_2(D))
-    m1, n1, m2, n2, warps, stages = config or _bwd_blocks(D, q.dtype)
     pre_m = 16 if INTERPRETED else 64
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
@@ -562,15 +569,37 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
                                                          *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d,
                                                          BLOCK_M=pre_m)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    n_kv, n_q = triton.cdiv(Nk, n1), triton.cdiv(Nq, m2)
-    global last_backward_kernel
-    last_backward_kernel = _bwd_kernel_v2[(n_kv + n_q * group, B * Hkv)](
-        q, k, v, do, lse2, delta, dq, dk, dv, scale, scale * LOG2E, Nq, Nk, Hq, Hkv, group, n_kv, n_q,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-        *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, CAUSAL=causal,
-        PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
-    return dq, dk, dv
+
+    def launch(cfg):
+        m1, n1, m2, n2, warps, stages = cfg
+        n_kv, n_q = triton.cdiv(Nk, n1), triton.cdiv(Nq, m2)
+        return _bwd_kernel_v2[(n_kv + n_q * group, B * Hkv)](
+            q, k, v, do, lse2, delta, dq, dk, dv, scale, scale * LOG2E, Nq, Nk, Hq, Hkv, group, n_kv, n_q,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+            *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, CAUSAL=causal,
+            PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+
+    global last_backward_kernel, last_backward_config
+    if config is not None:
+        candidates = [tuple(config)]
+    else:
+        key = (D, q.dtype)
+        candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype))]
+        candidates += [c for c in _BWD_FALLBACKS if c != candidates[0]]
+    from triton.runtime.errors import OutOfResources
+
+    for i, cfg in enumerate(candidates):
+        try:
+            last_backward_kernel = launch(cfg)
+        except OutOfResources:
+            if i == len(candidates) - 1:
+                raise
+            continue
+        if config is None:
+            _bwd_config_chosen[key] = cfg
+        last_backward_config = cfg
+        return dq, dk, dv
 
 
 BWD_IMPLS = ("v1", "v2")
