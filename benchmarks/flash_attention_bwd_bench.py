@@ -115,7 +115,11 @@ def main(argv=None):
           f"{'bwd TF/s':>8s}  grad diff", flush=True)
     points = [tuple(map(int, p.split(":"))) for p in args.points]
     flex_points = {tuple(map(int, p.split(":"))) for p in args.flex_points}
-    for d, n in points:
+    # flex compiles for tens of seconds per shape: its points run last, so a slow compile cuts only them short
+    runs = [(d, n, list(args.providers)) for d, n in points] + [(d, n, ["flex"]) for d, n in sorted(flex_points)]
+    for i_run, (d, n, providers) in enumerate(runs):
+        if i_run == len(points) and args.sweep:
+            sweep(args, B, H, Hkv, save)
         for causal in (False, True):
             g = torch.Generator(device="cuda").manual_seed(d + n + causal)
             q = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -130,7 +134,6 @@ def main(argv=None):
                     break
                 except Exception:
                     continue
-            providers = list(args.providers) + (["flex"] if (d, n) in flex_points else [])
             for name in providers:
                 row = {"D": d, "N": n, "causal": causal, "provider": name}
                 try:
@@ -145,7 +148,7 @@ def main(argv=None):
                                ms_bwd=ms_b, tflops_bwd=2.5 * fwd_flops / (ms_b * 1e-3) / 1e12)
                     if name == "minillm_v2" and fa.last_backward_kernel is not None:
                         kern = fa.last_backward_kernel
-                        row.update(regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
+                        row.update(config=fa.last_backward_config, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
                                    shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
                 except Exception as e:  # a backend that does not support the shape, or a compile failure
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -158,38 +161,43 @@ def main(argv=None):
                           f"{row['tflops_fwd_bwd']:8.1f} {row['ms_bwd']:8.3f} {row['tflops_bwd']:8.1f}  "
                           f"{' '.join(f'{x:.1e}' for x in diff.values()) if diff else ''}", flush=True)
             torch.cuda.empty_cache()
-    if args.sweep:
-        d, n = map(int, args.sweep.split(":"))
-        print(f"\nbackward v2 tile sweep, D={d} N={n}: (M1, N1, M2, N2, warps, stages)", flush=True)
-        for causal in (False, True):
-            g = torch.Generator(device="cuda").manual_seed(1)
-            q = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-            k, v = (torch.randn(B, Hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-            do = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-            o, lse = fa._forward(q, k, v, causal, d ** -0.5)
-            want = fa._backward(q, k, v, o, lse, do, causal, d ** -0.5, "v1")
-            fwd_flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
-            for cfg in SWEEP:
-                row = {"D": d, "N": n, "causal": causal, "provider": "minillm_v2", "sweep": True, "config": cfg}
-                try:
-                    got = fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg)
-                    kern = fa.last_backward_kernel
-                    row.update(max_abs_diff_vs_v1={f"d{x}": float((a.float() - b.float()).abs().max())
-                                                   for x, a, b in zip("qkv", got, want)},
-                               regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
-                               shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
-                    ms = median_ms(lambda: fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg),
-                                   warmup=25, rep=150)
-                    row.update(ms_bwd=ms, tflops_bwd=2.5 * fwd_flops / (ms * 1e-3) / 1e12)
-                except Exception as e:  # out of shared memory / registers for this tile shape: record, go on
-                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                save(row)
-                if "error" in row:
-                    print(f"  causal={causal!s:5s} {cfg}  ERROR {row['error'][:80]}", flush=True)
-                else:
-                    print(f"  causal={causal!s:5s} {cfg}  {row['ms_bwd']:7.3f} ms {row['tflops_bwd']:7.1f} TF/s  "
-                          f"regs {row['regs']} spills {row['spills']} smem {(row['shared_bytes'] or 0) / 1024:.0f} KiB"
-                          f"  diff vs v1 {max(row['max_abs_diff_vs_v1'].values()):.1e}", flush=True)
+    if args.sweep and len(runs) == len(points):
+        sweep(args, B, H, Hkv, save)
+
+
+def sweep(args, B, H, Hkv, save):
+    """Backward v2 alone for each SWEEP config at one (D, N): time, registers, spills, shared memory."""
+    d, n = map(int, args.sweep.split(":"))
+    print(f"\nbackward v2 tile sweep, D={d} N={n}: (M1, N1, M2, N2, warps, stages)", flush=True)
+    for causal in (False, True):
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(B, Hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        do = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        o, lse = fa._forward(q, k, v, causal, d ** -0.5)
+        want = fa._backward(q, k, v, o, lse, do, causal, d ** -0.5, "v1")
+        fwd_flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
+        for cfg in SWEEP:
+            row = {"D": d, "N": n, "causal": causal, "provider": "minillm_v2", "sweep": True, "config": cfg}
+            try:
+                got = fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg)
+                kern = fa.last_backward_kernel
+                row.update(max_abs_diff_vs_v1={f"d{x}": float((a.float() - b.float()).abs().max())
+                                               for x, a, b in zip("qkv", got, want)},
+                           regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
+                           shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
+                ms = median_ms(lambda: fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg),
+                               warmup=25, rep=150)
+                row.update(ms_bwd=ms, tflops_bwd=2.5 * fwd_flops / (ms * 1e-3) / 1e12)
+            except Exception as e:  # out of shared memory / registers for this tile shape: record, go on
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            save(row)
+            if "error" in row:
+                print(f"  causal={causal!s:5s} {cfg}  ERROR {row['error'][:80]}", flush=True)
+            else:
+                print(f"  causal={causal!s:5s} {cfg}  {row['ms_bwd']:7.3f} ms {row['tflops_bwd']:7.1f} TF/s  "
+                      f"regs {row['regs']} spills {row['spills']} smem {(row['shared_bytes'] or 0) / 1024:.0f} KiB"
+                      f"  diff vs v1 {max(row['max_abs_diff_vs_v1'].values()):.1e}", flush=True)
 
 
 if __name__ == "__main__":

@@ -99,5 +99,6 @@ kernels2)  # issue 12, one device command (~9 min): compiled kernel tests, backw
   echo "bwd bench rc=$?"; cut -c1-160 "$OUT/flash_attention_bwd_h200.txt" | tail -45
   timeout 150 python3 benchmarks/paged_decode_study.py --out "$OUT/paged_decode_study_h200.json" \
     > "$OUT/paged_decode_study_h200.txt" 2>&1
-  echo "paged study rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-160 ;;
+  echo "paged study rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-160
+  tail -2 "$OUT/paged_decode_study_h200.txt" | cut -c1-200 ;;
 esac

@@ -82,7 +82,7 @@ def main(argv=None):
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
-    resources_done = set()
+    fits = {}  # (num_warps, num_stages) -> programs per SM
     for B in args.batches:
         for L in args.lengths:
             kv_bytes = 2 * B * L * hkv * d * 2
@@ -113,14 +113,14 @@ def main(argv=None):
                         row["max_abs_diff_vs_sdpa"] = float((got - want).abs().max())
                         kern = pa.last_decode_kernel
                         key = (warps, stages)
-                        if key not in resources_done and kern is not None:
-                            resources_done.add(key)
+                        if key not in fits and kern is not None:
                             regs, spills = getattr(kern, "n_regs", None), getattr(kern, "n_spills", None)
                             shared = getattr(getattr(kern, "metadata", None), "shared", None)
                             w = warps or 4
                             occ = programs_per_sm(lim, regs, shared, w)
                             res = {"part": "resources", "num_warps": w, "num_stages": stages, "regs": regs,
                                    "spills": spills, "shared_bytes": shared, "programs_per_sm": occ}
+                            fits[key] = occ["fit"]
                             save(res)
                             print(f"resources warps={w} stages={stages}: regs {regs} spills {spills} "
                                   f"smem {(shared or 0) / 1024:.1f} KiB -> {occ['fit']} programs/SM "
@@ -128,6 +128,8 @@ def main(argv=None):
                         ms, how = bench_ms(lambda: pa.paged_attention(q, kc, vc, table, lens, validate=False,
                                                                       num_warps=warps, num_stages=stages))
                         row.update(ms=ms, timing=how, tbps=kv_bytes / (ms * 1e-3) / 1e12)
+                        if fits.get(key):  # programs / (programs resident at once on all SMs)
+                            row["waves"] = base["grid_programs"] / (fits[key] * lim["sms"])
                     except Exception as e:  # a config that does not compile / fit: record, go on
                         row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     save(row)
