@@ -101,7 +101,7 @@ def test_flash_attention_gradients_match_reference(nq, nk, causal, hq, hkv):
 
 BWD_CASES = [  # (b, hq, hkv, nq, nk, d, causal): GQA ratios, Nq != Nk both ways, D not a power of two
     (1, 4, 2, 37, 37, 64, True), (1, 2, 1, 21, 40, 80, True), (1, 4, 1, 50, 19, 128, False),
-    (1, 4, 1, 30, 19, 128, True), (2, 3, 3, 17, 17, 64, False)]
+    (1, 4, 1, 30, 19, 128, True), (2, 3, 3, 17, 17, 64, False), (1, 2, 1, 20, 20, 256, True)]
 BWD_TOL = {torch.float32: 5e-5, torch.float16: 5e-3}
 
 
