@@ -355,7 +355,8 @@ def _backward_v1(q, k, v, o, lse, do, causal: bool, scale: float):
 #   and dK += dS^T Q are then plain MMAs).
 # * The preprocess step stores the LSE in log2 units (and +inf for a row that sees no key, which
 #   makes its P exactly 0 with no special case), so P = exp2(S * scale * log2(e) - lse2): one FMA
-#   and one exp2 per score.
+#   and one exp2 per score. (The factor rides in that FMA rather than in a pre-scaled K, as tutorial
+#   06 does it: the same instruction count, without rounding K * scale back to 16 bits.)
 # * Only tiles that cross the causal diagonal or hang over the end of the sequence build masks;
 #   the interior tiles run unmasked, as in the forward. A ragged key tile needs no score mask on
 #   the dK/dV side (its extra columns are never stored) and one on the dQ side (where they would
