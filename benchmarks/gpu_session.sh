@@ -87,13 +87,18 @@ serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model
   tail -8 "$OUT/serving_1b_h200.txt" ;;
 kernels2)  # issue 12, one device command (~9 min): compiled kernel tests, backward v1 vs v2 vs SDPA/flex, paged study
   # each step under its own timeout and writing its own files, so a failing or slow step never stops the next
-  # the tests mostly wait on Triton compiles (CPU-bound): three shards in parallel, each under the same timeout
-  K="backward or bwd or gradients"; T="$OUT/kernel_tests_kernels2"
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py -k "$K" > "$T.bwd.txt" 2>&1 &
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py -k "not ($K)" > "$T.fwd.txt" 2>&1 &
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py > "$T.paged.txt" 2>&1 &
+  # the tests mostly wait on Triton compiles (CPU-bound, ~10 s each for the fp32 backward): 8 shards in parallel
+  T="$OUT/kernel_tests_kernels2"; S=/tmp/kernels2_shards; rm -rf "$S"; mkdir -p "$S"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    tests/test_kernels_paged_attention.py 2>/dev/null | grep '::' > "$S/ids"
+  split -n r/8 "$S/ids" "$S/shard."
+  for f in "$S"/shard.*; do
+    ( mapfile -t ids < "$f"; timeout 180 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+        > "$T.${f##*.}.txt" 2>&1 ) &
+  done
   wait
-  for f in "$T".bwd.txt "$T".fwd.txt "$T".paged.txt; do echo "== $f"; tail -8 "$f" | cut -c1-300; done
+  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
+  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -30
   timeout 210 python3 benchmarks/flash_attention_bwd_bench.py --out "$OUT/flash_attention_bwd_h200.json" \
     > "$OUT/flash_attention_bwd_h200.txt" 2>&1
   echo "bwd bench rc=$?"; cut -c1-160 "$OUT/flash_attention_bwd_h200.txt" | tail -45

@@ -130,6 +130,8 @@ def test_flash_attention_backward_impls_match_reference(case, dtype, bwd_impl):
         np.testing.assert_allclose(g, w, atol=BWD_TOL[dtype], err_msg=f"d{name}")
 
 
+# compiled, fp32 (exact "ieee" dots) takes ~10x longer to compile than fp16; the masks are what is tested here
+TILE_TEST_DTYPE = torch.float32 if DEVICE == "cpu" else torch.float16
 BWD_TILE_CONFIGS = ([(16, 32, 32, 16, 1, 1), (32, 16, 16, 32, 1, 1), (16, 64, 64, 16, 1, 1)] if DEVICE == "cpu"
                     else [(64, 128, 128, 64, 8, 3), (32, 64, 64, 32, 4, 2), (128, 64, 64, 128, 8, 2)])
 
@@ -141,10 +143,10 @@ def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk,
     from minillm.kernels.flash_attention import _backward_v2
 
     for causal in (False, True):
-        got, want = grads_and_reference(1, hq, hkv, nq, nk, 32, causal, torch.float32,
+        got, want = grads_and_reference(1, hq, hkv, nq, nk, 32, causal, TILE_TEST_DTYPE,
                                         lambda *t: _backward_v2(*t, causal, 32 ** -0.5, config=config))
         for name, g, w in zip("qkv", got, want):
-            np.testing.assert_allclose(g, w, atol=5e-5, err_msg=f"d{name} causal={causal}")
+            np.testing.assert_allclose(g, w, atol=BWD_TOL[TILE_TEST_DTYPE], err_msg=f"d{name} causal={causal}")
 
 
 def test_backward_v2_falls_back_when_the_table_config_does_not_fit(monkeypatch):
