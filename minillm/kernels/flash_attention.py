@@ -394,27 +394,30 @@ def _bwd_preprocess_v2(O, DO, LSE, DELTA, LSE2, Nq, H, sob, soh, son, sdb, sdh, 
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, hi, Nq, offset,
-                    sqn, sdn, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    MASK_CAUSAL: tl.constexpr,
-                    CHECK_ROWS: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
-    """Query tiles [lo, hi) of one query head against one key tile: dV += P^T dO, dK += dS^T Q (unscaled)."""
+                    sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, CHECK_ROWS: tl.constexpr, PAD_D: tl.constexpr,
+                    IEEE: tl.constexpr):
+    """Query tiles [lo, hi) of each of the GROUP query heads against one key tile: dV += P^T dO, dK += dS^T Q
+    (unscaled). One flat loop over (head, tile): a loop over heads around the tile loop spilled registers."""
     dmask = dims < HEAD_DIM
-    for start in tl.range(lo, hi, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
+    n_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M  # >= 0: hi > lo - BLOCK_M in every call
+    for it in tl.range(0, n_tiles * GROUP):
+        g = it // n_tiles
+        rows = lo + (it - g * n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
         in_q = rows < Nq
-        qt = _load_tile(q_base + rows[None, :] * sqn + dims[:, None], in_q[None, :], dmask[:, None],
+        qt = _load_tile(q_base + g * sqh + rows[None, :] * sqn + dims[:, None], in_q[None, :], dmask[:, None],
                         CHECK_ROWS, PAD_D)  # Q^T tile, (BLOCK_D, BLOCK_M)
         if CHECK_ROWS:
-            lse2 = tl.load(lse2_base + rows, mask=in_q, other=float("inf"))
-            delta = tl.load(delta_base + rows, mask=in_q, other=0.0)
+            lse2 = tl.load(lse2_base + g * Nq + rows, mask=in_q, other=float("inf"))
+            delta = tl.load(delta_base + g * Nq + rows, mask=in_q, other=0.0)
         else:
-            lse2 = tl.load(lse2_base + rows)
-            delta = tl.load(delta_base + rows)
+            lse2 = tl.load(lse2_base + g * Nq + rows)
+            delta = tl.load(delta_base + g * Nq + rows)
         st = _mma(k, qt, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # S^T, (BLOCK_N, BLOCK_M)
         pt = tl.exp2(st * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
             pt = tl.where(cols[:, None] <= rows[None, :] + offset, pt, 0.0)
-        do = _load_tile(do_base + rows[:, None] * sdn + dims[None, :], in_q[:, None], dmask[None, :],
+        do = _load_tile(do_base + g * sdh + rows[:, None] * sdn + dims[None, :], in_q[:, None], dmask[None, :],
                         CHECK_ROWS, PAD_D)  # (BLOCK_M, BLOCK_D)
         dv = _mma(pt.to(do.dtype), do, dv, IEEE)
         dpt = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # dP^T
@@ -483,20 +486,21 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
         tail = full_q  # the ragged last query tile, unless the diagonal band already covered it
         if CAUSAL:
             tail = tl.maximum(mid, full_q)
-        for g in range(0, GROUP):
-            h = hk * GROUP + g
-            bh = b * Hq + h
-            q_base = Q + b * sqb + h * sqh
-            do_base = DO + b * sdb + h * sdh
-            lse2_base = LSE2 + bh * Nq
-            delta_base = DELTA + bh * Nq
-            if CAUSAL:  # the diagonal band: causal mask and row mask
-                dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, mid,
-                                         Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1, True, True, PAD_D, IEEE)
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, mid, full_q,
-                                     Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1, False, False, PAD_D, IEEE)
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, tail, Nq,
-                                     Nq, offset, sqn, sdn, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1, False, True, PAD_D, IEEE)
+        h0 = hk * GROUP  # the group's first query head; the inner loops step through all GROUP of them
+        q_base = Q + b * sqb + h0 * sqh
+        do_base = DO + b * sdb + h0 * sdh
+        lse2_base = LSE2 + (b * Hq + h0) * Nq
+        delta_base = DELTA + (b * Hq + h0) * Nq
+        if CAUSAL:  # the diagonal band: causal mask and row mask
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, mid,
+                                     Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
+                                     True, True, PAD_D, IEEE)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, mid, full_q,
+                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
+                                 False, False, PAD_D, IEEE)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, tail, Nq,
+                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
+                                 False, True, PAD_D, IEEE)
         tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
                  (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
         tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
