@@ -30,9 +30,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
 BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
-# (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages); the first is flex's sm90 default
-SWEEP = [(64, 128, 128, 64, 8, 3), (64, 128, 128, 64, 8, 2), (64, 128, 128, 64, 4, 3), (64, 64, 64, 64, 4, 3),
-         (32, 128, 128, 32, 4, 3), (64, 128, 64, 64, 8, 3), (128, 128, 128, 128, 8, 2), (32, 64, 64, 32, 4, 3)]
+# (BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages); the first is flex's sm90 default. Four-warp
+# configs with N1=128 at D=128 spill kilobytes (benchmarks/aot_resources.py), so they are left out.
+SWEEP = [(64, 128, 128, 64, 8, 3), (64, 128, 128, 64, 8, 2), (64, 128, 128, 64, 8, 4), (64, 64, 64, 64, 4, 3),
+         (64, 64, 64, 64, 8, 3), (64, 128, 64, 64, 8, 3), (128, 128, 128, 128, 8, 2), (32, 64, 64, 32, 4, 3)]
 
 
 def forward_fn(name, causal, gqa):
