@@ -7,6 +7,7 @@
 #                run(command="bash benchmarks/gpu_session.sh tests")
 #                run(command="bash benchmarks/gpu_session.sh serving-tiny")   # chapter 8
 #                run(command="bash benchmarks/gpu_session.sh serving-1b")
+#                run(command="bash benchmarks/gpu_session.sh kernels2")      # issue 12: backward v2, paged study
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -84,4 +85,25 @@ serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model
   timeout 560 python3 benchmarks/serving_bench.py --models llama1b --hf-requests 64 --out "$OUT/serving_1b_h200.json" \
     > "$OUT/serving_1b_h200.txt" 2>&1
   tail -8 "$OUT/serving_1b_h200.txt" ;;
+kernels2)  # issue 12, one device command (~9 min): compiled kernel tests, backward v1 vs v2 vs SDPA/flex, paged study
+  # each step under its own timeout and writing its own files, so a failing or slow step never stops the next
+  # the tests mostly wait on Triton compiles (CPU-bound, ~10 s each for the fp32 backward): 8 shards in parallel
+  T="$OUT/kernel_tests_kernels2"; S=/tmp/kernels2_shards; rm -rf "$S"; mkdir -p "$S"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    tests/test_kernels_paged_attention.py 2>/dev/null | grep '::' > "$S/ids"
+  split -n r/8 "$S/ids" "$S/shard."
+  for f in "$S"/shard.*; do
+    ( mapfile -t ids < "$f"; timeout 180 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+        > "$T.${f##*.}.txt" 2>&1 ) &
+  done
+  wait
+  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
+  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -30
+  timeout 210 python3 benchmarks/flash_attention_bwd_bench.py --out "$OUT/flash_attention_bwd_h200.json" \
+    > "$OUT/flash_attention_bwd_h200.txt" 2>&1
+  echo "bwd bench rc=$?"; cut -c1-160 "$OUT/flash_attention_bwd_h200.txt" | tail -45
+  timeout 150 python3 benchmarks/paged_decode_study.py --out "$OUT/paged_decode_study_h200.json" \
+    > "$OUT/paged_decode_study_h200.txt" 2>&1
+  echo "paged study rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-160
+  tail -2 "$OUT/paged_decode_study_h200.txt" | cut -c1-200 ;;
 esac

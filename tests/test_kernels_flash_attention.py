@@ -99,6 +99,91 @@ def test_flash_attention_gradients_match_reference(nq, nk, causal, hq, hkv):
         np.testing.assert_allclose(got.double().cpu().numpy(), w, atol=5e-5)
 
 
+BWD_CASES = [  # (b, hq, hkv, nq, nk, d, causal): GQA ratios, Nq != Nk both ways, D not a power of two
+    (1, 4, 2, 37, 37, 64, True), (1, 2, 1, 21, 40, 80, True), (1, 4, 1, 50, 19, 128, False),
+    (1, 4, 1, 30, 19, 128, True), (2, 3, 3, 17, 17, 64, False), (1, 2, 1, 20, 20, 256, True)]
+BWD_TOL = {torch.float32: 5e-5, torch.float16: 5e-3}
+
+
+def grads_and_reference(b, hq, hkv, nq, nk, d, causal, dtype, backward, seed=3):
+    """(dq, dk, dv) from ``backward(q, k, v, o, lse, do)`` and the float64 NumPy reference's, same inputs."""
+    from minillm.kernels.flash_attention import _forward
+
+    q, k, v = make(b, hq, hkv, nq, nk, d, dtype, seed=seed)
+    o, lse = _forward(q, k, v, causal, d ** -0.5)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype).to(DEVICE)
+    got = backward(q, k, v, o, lse, do)
+    arrays = [t.double().cpu().numpy() for t in (q, k, v, o)]
+    want = flash_attention_backward(*arrays, lse.double().cpu().numpy(), do.double().cpu().numpy(), causal=causal)
+    return [g.double().cpu().numpy() for g in got], want
+
+
+@pytest.mark.parametrize("bwd_impl", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", BWD_CASES)
+def test_flash_attention_backward_impls_match_reference(case, dtype, bwd_impl):
+    from minillm.kernels.flash_attention import _backward
+
+    causal = case[-1]
+    got, want = grads_and_reference(*case, dtype, lambda *t: _backward(*t, causal, case[5] ** -0.5, bwd_impl))
+    for name, g, w in zip("qkv", got, want):
+        np.testing.assert_allclose(g, w, atol=BWD_TOL[dtype], err_msg=f"d{name}")
+
+
+# compiled, fp32 (exact "ieee" dots) takes ~10x longer to compile than fp16; the masks are what is tested here
+TILE_TEST_DTYPE = torch.float32 if DEVICE == "cpu" else torch.float16
+BWD_TILE_CONFIGS = ([(16, 32, 32, 16, 1, 1), (32, 16, 16, 32, 1, 1), (16, 64, 64, 16, 1, 1)] if DEVICE == "cpu"
+                    else [(64, 128, 128, 64, 8, 3), (32, 64, 64, 32, 4, 2), (128, 64, 64, 128, 8, 2)])
+
+
+@pytest.mark.parametrize("config", BWD_TILE_CONFIGS)  # (M1, N1, M2, N2, warps, stages)
+@pytest.mark.parametrize("nq,nk,hq,hkv", [(45, 100, 4, 2), (100, 45, 2, 1), (70, 70, 2, 2), (1, 33, 2, 1), (50, 48, 2, 1)])
+def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk, hq, hkv):
+    """M1 != N1 and M2 != N2 move where the diagonal band ends and the unmasked interior begins."""
+    from minillm.kernels.flash_attention import _backward_v2
+
+    for causal in (False, True):
+        got, want = grads_and_reference(1, hq, hkv, nq, nk, 32, causal, TILE_TEST_DTYPE,
+                                        lambda *t: _backward_v2(*t, causal, 32 ** -0.5, config=config))
+        for name, g, w in zip("qkv", got, want):
+            np.testing.assert_allclose(g, w, atol=BWD_TOL[TILE_TEST_DTYPE], err_msg=f"d{name} causal={causal}")
+
+
+def test_backward_v2_falls_back_when_the_table_config_does_not_fit(monkeypatch):
+    """A table entry that runs out of shared memory / registers on some GPU is replaced by a smaller config."""
+    from triton.runtime.errors import OutOfResources
+
+    from minillm.kernels import flash_attention as fa
+
+    table = fa._bwd_blocks(32, torch.float32)
+    real = fa._bwd_kernel_v2
+
+    class TableConfigDoesNotFit:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                cfg = tuple(kw[n] for n in ("BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2", "num_warps", "num_stages"))
+                if cfg == table:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(fa, "_bwd_kernel_v2", TableConfigDoesNotFit())
+    monkeypatch.setattr(fa, "_bwd_config_chosen", {})
+    got, want = grads_and_reference(1, 4, 2, 40, 33, 32, True, torch.float32,
+                                    lambda *t: fa._backward_v2(*t, True, 32 ** -0.5))
+    assert fa.last_backward_config != table and fa.last_backward_config in fa._BWD_FALLBACKS
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=5e-5)
+    with pytest.raises(OutOfResources):  # an explicit config (the tune sweep's) is never replaced
+        z = torch.zeros(1, 1, 4, 32, device=DEVICE)
+        fa._backward_v2(z, z, z, z, torch.zeros(1, 1, 4, device=DEVICE), z, False, 1.0, config=table)
+
+
+def test_flash_attention_rejects_unknown_bwd_impl():
+    with pytest.raises(ValueError, match="bwd_impl"):
+        flash_attention(*make(1, 2, 2, 4, 4, 16, torch.float32), bwd_impl="v3")
+
+
 def test_flash_attention_gradients_match_torch_autograd():
     q, k, v = (t.requires_grad_() for t in make(1, 2, 2, 24, 24, 16, torch.float32, seed=4))
     flash_attention(q, k, v, causal=True).sum().backward()
@@ -150,6 +235,37 @@ def test_flash_attention_gpu_tolerance_rule(dtype, causal):
     err = (flash_attention(q, k, v, causal=causal).double() - gold).abs().max().item()
     err_math = (math_out.double() - gold).abs().max().item()
     assert err <= 2 * err_math + 1e-5, (err, err_math)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bwd_impl", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_backward_gpu_tolerance_rule(dtype, causal, bwd_impl):
+    """Gradients vs float64: error <= 3x (+eps) that of torch's same-precision math attention (the
+    gradients pass through one more rounding to 16 bits than the forward, hence 3x, not the forward's 2x)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = make(2, 8, 2, 1000, 777, 128, dtype, seed=11)  # GQA 4:1, Nq != Nk, ragged tiles
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(dtype).to(DEVICE)
+
+    def grads(fn, *ts):
+        ts = [t.detach().clone().requires_grad_() for t in ts]
+        fn(*ts).backward(do.to(ts[0].dtype))
+        return [t.grad.double() for t in ts]
+
+    def math_attn(q, k, v):
+        with sdpa_kernel(SDPBackend.MATH):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    if causal:  # SDPA's causal mask is top-left aligned; with Nq > Nk ours is bottom-right: compare on Nq == Nk
+        k, v = (torch.cat([t, t[:, :, : q.shape[2] - t.shape[2]]], dim=2) for t in (k, v))
+    gold = grads(math_attn, q.double(), k.double(), v.double())
+    low = grads(math_attn, q, k, v)
+    ours = grads(lambda *t: flash_attention(*t, causal=causal, bwd_impl=bwd_impl), q, k, v)
+    for name, g, lo, o in zip("qkv", gold, low, ours):
+        err, err_math = (o - g).abs().max().item(), (lo - g).abs().max().item()
+        assert err <= 3 * err_math + 1e-5, (name, err, err_math)
 
 
 def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):

@@ -128,3 +128,18 @@ def test_paged_attention_kernel_tile_spans_blocks(tile, block_size, rng):
 def test_paged_attention_kernel_rejects_bad_tile(rng):
     with pytest.raises(ValueError, match="tile"):
         paged_attention(*to_torch(random_paged(rng), torch.float32), tile=48)
+
+
+@pytest.mark.parametrize("num_warps,num_stages", [(None, None), (2, 1), (8, 4)])
+def test_paged_attention_kernel_launch_knobs_keep_results(num_warps, num_stages, rng):
+    """num_warps / num_stages change how the compiled kernel runs (the interpreter ignores them), never what it returns."""
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=16, lens=(5, 90), B=2, num_blocks=20)
+    got = paged_attention(*to_torch(arrays, torch.float16), num_warps=num_warps, num_stages=num_stages)
+    want = paged_attention(*to_torch(arrays, torch.float16))
+    np.testing.assert_allclose(got.double().cpu().numpy(), want.double().cpu().numpy(), atol=TOL[torch.float16])
+
+
+@pytest.mark.parametrize("knob", [{"num_warps": 3}, {"num_warps": 0}, {"num_stages": 0}])
+def test_paged_attention_kernel_rejects_bad_launch_knobs(knob, rng):
+    with pytest.raises(ValueError, match=next(iter(knob))):
+        paged_attention(*to_torch(random_paged(rng), torch.float32), **knob)

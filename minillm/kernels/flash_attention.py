@@ -19,8 +19,10 @@ score). GQA is an index map: query head h reads K/V head h // (Hq / Hkv), so K
 and V are never repeated in memory. Head dims that are not powers of two are
 padded to the next one inside the kernel with masked loads.
 
-Backward recomputes P from Q, K and the saved lse (P is never stored), in two
-kernels: one per key tile accumulating dK, dV, one per query tile accumulating dQ.
+Backward recomputes P from Q, K and the saved lse (P is never stored): programs that
+own a key tile accumulate dK, dV (over every query head of a GQA group), programs that
+own a query tile accumulate dQ (backward v2 below; v1, the first version, is kept for
+comparison).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 last_forward_kernel = None  # the compiled forward of the latest call: its n_regs/n_spills/shared feed the tune report
+last_backward_kernel = None  # the same for backward v2
 
 
 def check_inputs(q, k, v) -> None:
@@ -308,7 +311,8 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, Nq, Nk, H, GROUP,
              mask=q_mask)
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
+def _backward_v1(q, k, v, o, lse, do, causal: bool, scale: float):
+    """Backward v1: a dK/dV kernel per query head (fp32 buffers summed over the GQA group) and a dQ kernel."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
@@ -339,33 +343,313 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float):
     return dq, dk, dv
 
 
+# ---------------------------------------------------------------------------------------------
+# Backward v2: the structure of Triton tutorial 06 and torch's flex_attention backward template.
+#
+# * One launch does all the work: programs [0, NUM_KV_TILES) of grid dim 0 own one key tile of one
+#   KV head and accumulate its dK, dV over every query head of the GQA group (no fp32 per-query-head
+#   buffers, no .sum afterwards); the programs after them own one query tile of one query head and
+#   accumulate dQ.
+# * The dK/dV side computes the transposed tiles directly, S^T = K Q^T, dP^T = V dO^T, from Q^T
+#   loaded through transposed pointers, so the register tensors are never transposed (dV += P^T dO
+#   and dK += dS^T Q are then plain MMAs).
+# * The preprocess step stores the LSE in log2 units (and +inf for a row that sees no key, which
+#   makes its P exactly 0 with no special case), so P = exp2(S * scale * log2(e) - lse2): one FMA
+#   and one exp2 per score. (The factor rides in that FMA rather than in a pre-scaled K, as tutorial
+#   06 does it: the same instruction count, without rounding K * scale back to 16 bits.)
+# * Only tiles that cross the causal diagonal or hang over the end of the sequence build masks;
+#   the interior tiles run unmasked, as in the forward. A ragged key tile needs no score mask on
+#   the dK/dV side (its extra columns are never stored) and one on the dQ side (where they would
+#   be summed into dQ).
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b on the tensor cores (or in exact fp32 for fp32 inputs)."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _bwd_preprocess_v2(O, DO, LSE, DELTA, LSE2, Nq, H, sob, soh, son, sdb, sdh, sdn,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(O * dO); lse2 = lse * log2(e), with +inf for a row that sees no key."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM)
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * son + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * Nq + rows, tl.sum(o * do, axis=1), mask=rows < Nq)
+    lse = tl.load(LSE + bh * Nq + rows, mask=rows < Nq, other=0.0)
+    tl.store(LSE2 + bh * Nq + rows, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634),
+             mask=rows < Nq)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, hi, Nq, offset,
+                    sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, CHECK_ROWS: tl.constexpr, PAD_D: tl.constexpr,
+                    IEEE: tl.constexpr):
+    """Query tiles [lo, hi) of each of the GROUP query heads against one key tile: dV += P^T dO, dK += dS^T Q
+    (unscaled). One flat loop over (head, tile): a loop over heads around the tile loop spilled registers."""
+    dmask = dims < HEAD_DIM
+    n_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M  # >= 0: hi > lo - BLOCK_M in every call
+    for it in tl.range(0, n_tiles * GROUP):
+        g = it // n_tiles
+        rows = lo + (it - g * n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        in_q = rows < Nq
+        qt = _load_tile(q_base + g * sqh + rows[None, :] * sqn + dims[:, None], in_q[None, :], dmask[:, None],
+                        CHECK_ROWS, PAD_D)  # Q^T tile, (BLOCK_D, BLOCK_M)
+        if CHECK_ROWS:
+            lse2 = tl.load(lse2_base + g * Nq + rows, mask=in_q, other=float("inf"))
+            delta = tl.load(delta_base + g * Nq + rows, mask=in_q, other=0.0)
+        else:
+            lse2 = tl.load(lse2_base + g * Nq + rows)
+            delta = tl.load(delta_base + g * Nq + rows)
+        st = _mma(k, qt, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # S^T, (BLOCK_N, BLOCK_M)
+        pt = tl.exp2(st * qk_scale - lse2[None, :])
+        if MASK_CAUSAL:
+            pt = tl.where(cols[:, None] <= rows[None, :] + offset, pt, 0.0)
+        do = _load_tile(do_base + g * sdh + rows[:, None] * sdn + dims[None, :], in_q[:, None], dmask[None, :],
+                        CHECK_ROWS, PAD_D)  # (BLOCK_M, BLOCK_D)
+        dv = _mma(pt.to(do.dtype), do, dv, IEEE)
+        dpt = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # dP^T
+        dst = pt * (dpt - delta[None, :])
+        dk = _mma(dst.to(qt.dtype), tl.trans(qt), dk, IEEE)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                  CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
+    """Key tiles [lo, hi) against one query tile: dQ += dS K (unscaled)."""
+    dmask = dims < HEAD_DIM
+    for start in tl.range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        in_k = cols < Nk
+        kt = _load_tile(k_base + cols[None, :] * skn + dims[:, None], in_k[None, :], dmask[:, None], MASKED, PAD_D)
+        vt = _load_tile(v_base + cols[None, :] * svn + dims[:, None], in_k[None, :], dmask[:, None], MASKED, PAD_D)
+        s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
+        p = tl.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            valid = in_k[None, :]
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None] + offset)
+            p = tl.where(valid, p, 0.0)
+        dp = _mma(do, vt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(ds.to(kt.dtype), tl.trans(kt), dq, IEEE)
+    return dq
+
+
+@triton.jit
+def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq, Nk, Hq, Hkv, GROUP,
+                   NUM_KV_TILES, NUM_Q_TILES,
+                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
+                   sdqb, sdqh, sdqn, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                   BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
+                   IEEE: tl.constexpr):
+    pid = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = (bhk // Hkv).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
+    hk = bhk % Hkv
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < HEAD_DIM
+    offset = Nk - Nq  # bottom-right alignment: query i sees keys j <= i + offset
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    if pid < NUM_KV_TILES:
+        # ---- dK, dV of key tile pid, summed over the GROUP query heads that share KV head hk ----
+        n0 = pid * BLOCK_N1
+        cols = n0 + tl.arange(0, BLOCK_N1)
+        kv_mask = (cols[:, None] < Nk) & dmask[None, :]
+        k = tl.load(k_base + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+        dk = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
+        dv = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
+        full_q = (Nq // BLOCK_M1) * BLOCK_M1  # query tiles below this need no row mask
+        lo = 0
+        mid = 0
+        if CAUSAL:
+            # rows >= n0 - offset see the tile's first key; rows >= n0 + BLOCK_N1 - 1 - offset see all of it
+            lo = (tl.maximum(n0 - offset, 0) // BLOCK_M1) * BLOCK_M1
+            mid = tl.minimum(tl.cdiv(tl.maximum(n0 + BLOCK_N1 - 1 - offset, 0), BLOCK_M1) * BLOCK_M1, Nq)
+        tail = full_q  # the ragged last query tile, unless the diagonal band already covered it
+        if CAUSAL:
+            tail = tl.maximum(mid, full_q)
+        h0 = hk * GROUP  # the group's first query head; the inner loops step through all GROUP of them
+        q_base = Q + b * sqb + h0 * sqh
+        do_base = DO + b * sdb + h0 * sdh
+        lse2_base = LSE2 + (b * Hq + h0) * Nq
+        delta_base = DELTA + (b * Hq + h0) * Nq
+        if CAUSAL:  # the diagonal band: causal mask and row mask
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, mid,
+                                     Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
+                                     True, True, PAD_D, IEEE)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, mid, full_q,
+                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
+                                 False, False, PAD_D, IEEE)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, tail, Nq,
+                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
+                                 False, True, PAD_D, IEEE)
+        tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
+                 (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
+                 dv.to(DV.dtype.element_ty), mask=kv_mask)
+    else:
+        # ---- dQ of one query tile of one query head of the group ----
+        j = pid - NUM_KV_TILES
+        g = j // NUM_Q_TILES
+        pid_m = j % NUM_Q_TILES
+        if CAUSAL:  # the last query tiles see the most keys: start them first
+            pid_m = NUM_Q_TILES - 1 - pid_m
+        h = hk * GROUP + g
+        bh = b * Hq + h
+        rows = pid_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)
+        in_q = rows < Nq
+        q_mask = in_q[:, None] & dmask[None, :]
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
+        lse2 = tl.load(LSE2 + bh * Nq + rows, mask=in_q, other=float("inf"))
+        delta = tl.load(DELTA + bh * Nq + rows, mask=in_q, other=0.0)
+        dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
+        full = (Nk // BLOCK_N2) * BLOCK_N2
+        hi = Nk
+        if CAUSAL:
+            hi = tl.maximum(tl.minimum(Nk, (pid_m + 1) * BLOCK_M2 + offset), 0)
+            first_row_sees = tl.maximum(pid_m * BLOCK_M2 + offset + 1, 0)  # keys the tile's first row sees
+            full = tl.minimum(full, (first_row_sees // BLOCK_N2) * BLOCK_N2)
+        dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, 0, full, Nk, offset, skn, svn,
+                           qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, False, CAUSAL, PAD_D, IEEE)
+        dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, full, hi, Nk, offset, skn, svn,
+                           qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, True, CAUSAL, PAD_D, IEEE)
+        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqn + dims[None, :],
+                 (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages) for backward v2.
+
+    M1 x N1 is the dK/dV side's (query, key) tile, M2 x N2 the dQ side's. The 16-bit rows up to
+    D=128 are flex_attention's sm90 defaults, the starting point of the sweep; fp32 tiles are twice
+    the bytes, so they get smaller tiles and no pipelining.
+    """
+    if interpreted:
+        return 16, 16, 16, 16, 1, 1
+    if dtype == torch.float32:
+        return (32, 64, 64, 32, 4, 1) if D <= 128 else (16, 32, 32, 16, 4, 1)
+    if D <= 128:
+        return 64, 128, 128, 64, 8, 3
+    return 32, 64, 64, 32, 8, 1
+
+
+# Smaller configs tried in order when a table entry does not fit the GPU (OutOfResources: shared memory
+# or registers); the first that launches is remembered per (head dim, dtype) and recorded below.
+_BWD_FALLBACKS = ((64, 64, 64, 64, 4, 2), (32, 64, 64, 32, 4, 1), (16, 32, 32, 16, 4, 1))
+_bwd_config_chosen: dict = {}
+last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
+
+
+def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
+    """One preprocess launch and one backward launch. ``config`` = _bwd_blocks' tuple overrides the
+    table (and then an OutOfResources error propagates: the tune sweep records it)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))
+    block_d = max(16, triton.next_power_of_2(D))
+    pre_m = 16 if INTERPRETED else 64
+    delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    lse2 = torch.empty_like(delta)
+    _bwd_preprocess_v2[(triton.cdiv(Nq, pre_m), B * Hq)](o, do, lse, delta, lse2, Nq, Hq, *o.stride()[:3],
+                                                         *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d,
+                                                         BLOCK_M=pre_m)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def launch(cfg):
+        m1, n1, m2, n2, warps, stages = cfg
+        n_kv, n_q = triton.cdiv(Nk, n1), triton.cdiv(Nq, m2)
+        return _bwd_kernel_v2[(n_kv + n_q * group, B * Hkv)](
+            q, k, v, do, lse2, delta, dq, dk, dv, scale, scale * LOG2E, Nq, Nk, Hq, Hkv, group, n_kv, n_q,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+            *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, CAUSAL=causal,
+            PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+
+    global last_backward_kernel, last_backward_config
+    if config is not None:
+        candidates = [tuple(config)]
+    else:
+        key = (D, q.dtype)
+        candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype))]
+        candidates += [c for c in _BWD_FALLBACKS if c != candidates[0]]
+    from triton.runtime.errors import OutOfResources
+
+    for i, cfg in enumerate(candidates):
+        try:
+            last_backward_kernel = launch(cfg)
+        except OutOfResources:
+            if i == len(candidates) - 1:
+                raise
+            continue
+        if config is None:
+            _bwd_config_chosen[key] = cfg
+        last_backward_config = cfg
+        return dq, dk, dv
+
+
+BWD_IMPLS = ("v1", "v2")
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, impl: str = "v2"):
+    if impl == "v1":
+        return _backward_v1(q, k, v, o, lse, do, causal, scale)
+    return _backward_v2(q, k, v, o, lse, do, causal, scale)
+
+
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
+    def forward(ctx, q, k, v, causal, scale, bwd_impl):
         o, lse = _forward(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.bwd_impl = causal, scale, bwd_impl
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.bwd_impl)
+        return dq, dk, dv, None, None, None
 
 
-def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False):
+def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                    bwd_impl: str = "v2"):
     """softmax(q k^T * scale) v without materializing the scores; differentiable in q, k and v.
+
+    ``bwd_impl`` picks the backward: "v2" (default; one launch, transposed tiles, GQA in the
+    kernel) or "v1" (the first version: per-query-head dK/dV buffers summed for GQA), kept so
+    that the benchmarks can compare them in one process.
 
     bfloat16 in Triton's interpreter (no CUDA) is upcast to float32 for the computation and the
     result cast back to bfloat16, because the interpreter computes bf16 ``tl.dot`` wrongly
     (triton #11584). Compiled on a GPU, bf16 runs natively.
     """
     check_inputs(q, k, v)
+    if bwd_impl not in BWD_IMPLS:
+        raise ValueError(f"unknown bwd_impl {bwd_impl!r}; choose one of {BWD_IMPLS}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if INTERPRETED and q.dtype == torch.bfloat16:
-        o, lse = _FlashAttention.apply(q.float(), k.float(), v.float(), bool(causal), scale)
+        o, lse = _FlashAttention.apply(q.float(), k.float(), v.float(), bool(causal), scale, bwd_impl)
         o = o.to(torch.bfloat16)
     else:
-        o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale)
+        o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, bwd_impl)
     return (o, lse) if return_lse else o

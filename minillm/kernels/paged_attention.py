@@ -26,6 +26,7 @@ from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 
 
 @triton.jit
@@ -115,9 +116,11 @@ def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
-                    validate: bool = True, num_splits: int | None = None, tile: int | None = None) -> torch.Tensor:
-    """Decode attention over a paged cache; same signature as the NumPy reference, plus two tuning
-    knobs: ``num_splits`` (programs per sequence and KV head) and ``tile`` (tokens per loop step).
+                    validate: bool = True, num_splits: int | None = None, tile: int | None = None,
+                    num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """Decode attention over a paged cache; same signature as the NumPy reference, plus tuning knobs:
+    ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), and the
+    decode kernel's ``num_warps`` / ``num_stages`` (None: 4 warps and Triton's default stages).
 
     ``validate=True`` checks every table entry that will be read against the pool on the host, which
     copies block_table and seq_lens off the GPU (a sync per call). A caller that builds its own tables
@@ -149,19 +152,27 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     tile = tile or (16 if INTERPRETED else 64)
     if tile < 16 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two >= 16, got {tile}")
+    if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
+        raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
+    if num_stages is not None and num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
     split_len = triton.cdiv(triton.cdiv(max_len, splits), tile) * tile
     splits = triton.cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
     block_d = max(16, triton.next_power_of_2(D))
+    launch = {"num_warps": 1 if INTERPRETED else (num_warps or 4)}
+    if num_stages is not None:
+        launch["num_stages"] = num_stages
     m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
     l = torch.empty_like(m)
     o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
     qc = q if q.stride(-1) == 1 else q.contiguous()
-    _paged_decode_kernel[(B, Hkv, splits)](
+    global last_decode_kernel
+    last_decode_kernel = _paged_decode_kernel[(B, Hkv, splits)](
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, scale * 1.4426950408889634, split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         block_table.shape[1], splits, Hq, group, block_size, num_blocks,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, triton.next_power_of_2(group)), TILE=tile,
-        IEEE=q.dtype == torch.float32, num_warps=1 if INTERPRETED else 4)
+        IEEE=q.dtype == torch.float32, **launch)
     # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
     out = torch.empty((B, Hq, D), device=q.device, dtype=out_dtype)
     _merge_splits_kernel[(B * Hq,)](m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,

@@ -1,0 +1,131 @@
+"""Compile minillm's Triton kernels for sm_90 on a machine without a GPU and report their resources.
+
+    python benchmarks/aot_resources.py                  # backward v2 table configs and the sweep, bf16
+    python benchmarks/aot_resources.py --kernel paged   # the paged decode kernel per (num_warps, num_stages)
+
+Triton compiles ahead of time for any target (its wheel ships ptxas and cuobjdump), so registers,
+spills (the stack frame ptxas had to use) and shared memory can be read without a device; they
+match what the compiled kernel reports on the H200 (checked on the forward at (128, 128, 8, 3):
+255 registers, 229376 bytes of shared memory, as in results/flash_attention_tune_h200.json).
+Timing still needs the GPU. minillm.kernels switches to the interpreter when there is no CUDA, so
+this script loads the kernel module's source as a standalone module with the interpreter off.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+
+def load_compiled(name: str, relative_imports: dict[str, str]):
+    """minillm/kernels/<name>.py as a module whose @triton.jit functions are compilable (not interpreted)."""
+    src = (ROOT / "minillm" / "kernels" / f"{name}.py").read_text()
+    for old, new in relative_imports.items():
+        src = src.replace(old, new)
+    path = Path(tempfile.mkdtemp()) / f"{name}_aot.py"  # @triton.jit reads the source back from the file
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"{name}_aot", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+STUB = "INTERPRETED = False\ncheck_placement = check_tensors = None"
+
+
+def compile_sm90(kernel, types: dict, consts: dict, warps: int, stages: int) -> dict:
+    """Compile for sm_90 (16-byte-aligned pointers and strides, as torch allocates) and read the cubin's resources."""
+    target = GPUTarget("cuda", 90, 32)
+    backend = triton.compiler.make_backend(target)
+    names = kernel.arg_names
+    sig = {n: "constexpr" if n in consts else types[n] for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if n not in consts and (types[n].startswith("*") or re.fullmatch(r"s[a-z]{1,3}[bhnsk]", n))}
+    src = triton.compiler.ASTSource(fn=kernel, constexprs=consts, signature=sig, attrs=attrs)
+    cc = triton.compile(src, target=target, options=backend.parse_options({"num_warps": warps,
+                                                                          "num_stages": stages}).__dict__)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cc.asm["cubin"])
+        f.flush()
+        res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", res)
+    return {"regs": int(m.group(1)), "stack_bytes": int(m.group(2)), "shared_bytes": cc.metadata.shared}
+
+
+def backward(args):
+    fa = load_compiled("flash_attention", {"from ..attention import": "from minillm.attention import",
+                                           "from . import INTERPRETED, check_placement, check_tensors": STUB})
+    import torch
+
+    kern = fa._bwd_kernel_v2
+    types = {n: "i32" for n in kern.arg_names}
+    types.update({n: "*bf16" for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")})
+    types.update(LSE2="*fp32", DELTA="*fp32", sm_scale="fp32", qk_scale="fp32")
+    sweep = load_sweep()
+    print(f"{'D':>4s} {'config (M1,N1,M2,N2,w,s)':28s} {'causal':>6s} {'GQA':>4s} {'regs':>5s} {'stack B':>8s} "
+          f"{'smem KiB':>8s}")
+    for d in args.head_dims:
+        configs = [fa._bwd_blocks(d, torch.bfloat16, interpreted=False)] + [c for c in sweep if d <= 128]
+        for cfg in dict.fromkeys(configs):
+            m1, n1, m2, n2, w, s = cfg
+            for causal in (False, True):
+                for gqa in (False, True):  # GROUP == 1 is specialized to a constant by Triton
+                    bd = max(16, triton.next_power_of_2(d))
+                    consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2,
+                                  CAUSAL=causal, PAD_D=bd != d, IEEE=False)
+                    if not gqa:
+                        consts["GROUP"] = 1
+                    try:
+                        r = compile_sm90(kern, types, consts, w, s)
+                        shown = f"{r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
+                    except Exception as e:  # e.g. out of resources at compile time
+                        shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
+                    print(f"{d:4d} {str(cfg):28s} {str(causal):>6s} {str(gqa):>4s} {shown}", flush=True)
+
+
+def load_sweep():
+    spec = importlib.util.spec_from_file_location("bwd_bench_src", ROOT / "benchmarks" / "flash_attention_bwd_bench.py")
+    text = spec.loader.get_data(str(ROOT / "benchmarks" / "flash_attention_bwd_bench.py")).decode()
+    block = text[text.index("SWEEP = ["):]
+    return eval(block[len("SWEEP = "):block.index("]\n") + 1])  # the literal list of tuples, without importing torch.cuda
+
+
+def paged(args):
+    pa = load_compiled("paged_attention", {"from ..paged.attention import": "from minillm.paged.attention import",
+                                           "from . import INTERPRETED, check_placement, check_tensors": STUB})
+    kern = pa._paged_decode_kernel
+    types = {n: "i32" for n in kern.arg_names}
+    types.update({n: "*bf16" for n in ("Q", "KC", "VC")})
+    types.update({n: "*fp32" for n in ("M_OUT", "L_OUT", "O_OUT")})
+    types.update(TABLE="*i32", LENS="*i32", qk_scale="fp32")
+    consts = dict(HEAD_DIM=128, BLOCK_D=128, GROUP_PAD=16, TILE=64, IEEE=False)  # bf16, GQA 32/8, D=128
+    print(f"{'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack B':>8s} {'smem KiB':>8s}")
+    for w in (2, 4, 8):
+        for s in (1, 2, 3, 4):
+            r = compile_sm90(kern, types, consts, w, s)
+            print(f"{w:5d} {s:6d} {r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", choices=["backward", "paged"], default="backward")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    args = ap.parse_args(argv)
+    backward(args) if args.kernel == "backward" else paged(args)
+
+
+if __name__ == "__main__":
+    main()
