@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         elif args.command in ("test", "pack"):
             import subprocess
 
-            from .grader import check_student_dir
+            from .submission import check_student_dir
             from .registry import get
 
             a = get(args.assignment)

@@ -181,9 +181,7 @@ print(f"wrote {{out}}" + ("" if rc == 0 else "  (some public tests fail: it is p
 
 
 def handin_script(numbers) -> str:
-    from .submission import files_of
-
-    return HANDIN.format(files=repr({str(n): files_of(ASSIGNMENTS[n]) for n in numbers}),
+    return HANDIN.format(files=repr({str(n): ASSIGNMENTS[n].files for n in numbers}),
                          titles=repr({str(n): ASSIGNMENTS[n].title for n in numbers}))
 
 

@@ -21,22 +21,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from .builder import PACKAGE_DIR, PYTEST_INI, SUPPORT, TESTS_DIR
-from .registry import Assignment, AssignmentError, get
+from .registry import AssignmentError, get
+from .submission import check_student_dir, unpack
 
 GRACE_S = 15.0       # the watchdog's margin over the in-process alarm
 STARTUP_S = 120.0    # longest a fresh pytest process may take to reach its first test
-
-
-def check_student_dir(student_dir, a: Assignment) -> Path:
-    root = Path(student_dir)
-    if not root.is_dir():
-        raise AssignmentError(f"student directory {root} does not exist (or is not a directory)")
-    need = ["minillm/__init__.py"] + sorted({f"minillm/{p.path}" for p in a.parts})
-    missing = [f for f in need if not (root / f).is_file()]
-    if missing:
-        raise AssignmentError(f"student directory {root} is missing {', '.join(missing)} "
-                              f"(assignment {a.number} needs the minillm package with these files)")
-    return root.resolve()
 
 
 def _read_log(path: Path, offset: int) -> tuple[list[dict], int]:
@@ -176,8 +165,6 @@ def grade(student_dir, number, out_dir=None, timeout: float = 60.0) -> dict:
 
     ``student_dir`` is a student tree, or a submission zip from ``pack`` (graded over a fresh tree)."""
     if str(student_dir).endswith(".zip"):
-        from .submission import unpack
-
         with tempfile.TemporaryDirectory(prefix="minillm-submission-") as tmp:
             report = grade(unpack(student_dir, number, Path(tmp) / "tree"), number, out_dir, timeout)
             report["student_dir"] = str(student_dir)

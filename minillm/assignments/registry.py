@@ -40,6 +40,11 @@ class Assignment:
                                      # allocator and the decoder): their solutions stay in its "alone" check
 
     @property
+    def files(self) -> list[str]:
+        """The source files with this assignment's graded parts, relative to a student tree (what it hands in)."""
+        return sorted({f"minillm/{p.path}" for p in self.parts})
+
+    @property
     def public_tests(self) -> str:
         return f"a{self.number:02d}_public.py"
 

@@ -18,20 +18,25 @@ from .registry import Assignment, AssignmentError, get
 MANIFEST = "submission.json"
 
 
-def files_of(a: Assignment) -> list[str]:
-    """The files a submission for ``a`` holds, relative to the student tree."""
-    return sorted({f"minillm/{p.path}" for p in a.parts})
+def check_student_dir(student_dir, a: Assignment) -> Path:
+    root = Path(student_dir)
+    if not root.is_dir():
+        raise AssignmentError(f"student directory {root} does not exist (or is not a directory)")
+    need = ["minillm/__init__.py"] + a.files
+    missing = [f for f in need if not (root / f).is_file()]
+    if missing:
+        raise AssignmentError(f"student directory {root} is missing {', '.join(missing)} "
+                              f"(assignment {a.number} needs the minillm package with these files)")
+    return root.resolve()
 
 
 def pack(student_dir, number, out=None) -> Path:
     """Zip the student's files for assignment ``number``; returns the archive's path
     (default: STUDENT_DIR/assignment-NN-submission.zip)."""
-    from .grader import check_student_dir
-
     a = get(number)
     root = check_student_dir(student_dir, a)
     out = Path(out) if out is not None else root / f"{a.slug}-submission.zip"
-    files = files_of(a)
+    files = a.files
     manifest = {"assignment": a.number, "title": a.title, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "files": {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}}
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
@@ -61,7 +66,7 @@ def unpack(zip_path, number, work_dir) -> Path:
         if manifest.get("assignment") != a.number:
             raise AssignmentError(f"{zip_path} is a submission for assignment {manifest.get('assignment')!r}, "
                                   f"not {a.number}")
-        want = set(files_of(a))
+        want = set(a.files)
         extra, missing = names - want - {MANIFEST}, want - names
         if extra or missing:
             raise AssignmentError(f"{zip_path}: unexpected files {sorted(extra)}, missing files {sorted(missing)}")
