@@ -524,3 +524,23 @@ def chi_square_gof(counts, probs, min_expected: float = 5.0) -> tuple[float, int
     dof = len(exp) - 1
     stat = float(np.sum((obs - exp) ** 2 / exp))
     return stat, dof, (chi2_sf(stat, dof) if dof >= 1 else 1.0)
+
+
+def chi_square_two_sample(a, b, min_count: int = 10) -> tuple[float, int, float]:
+    """Pearson's two-sample test that two samples of token ids come from one distribution:
+    (statistic, dof, p-value). Categories drawn fewer than ``min_count`` times in both samples together are
+    pooled into one bin, so every expected count stays away from zero."""
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    if a.size == 0 or b.size == 0:
+        raise ValueError("both samples need at least one draw")
+    cats = np.unique(np.concatenate([a, b]))
+    ca = np.array([(a == c).sum() for c in cats], np.float64)
+    cb = np.array([(b == c).sum() for c in cats], np.float64)
+    small = (ca + cb) < min_count
+    if small.any():
+        ca, cb = np.append(ca[~small], ca[small].sum()), np.append(cb[~small], cb[small].sum())
+    tot = ca + cb
+    ea, eb = tot * a.size / tot.sum(), tot * b.size / tot.sum()
+    stat = float(((ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb).sum())
+    dof = len(tot) - 1
+    return stat, dof, (chi2_sf(stat, dof) if dof >= 1 else 1.0)

@@ -7,7 +7,7 @@ from minillm.decode import cached_decode
 from minillm.model import Model, ModelConfig, init_params
 from minillm.serving import LLM, LLMEngine, NumpyRunner, SamplingParams, SchedulerConfig
 from minillm.serving.draft import DraftModelProposer
-from minillm.speculative import chi2_sf
+from minillm.speculative import chi_square_two_sample
 
 from .test_serving_engine import random_trace, run_with_arrivals
 
@@ -99,22 +99,6 @@ def test_propose_drafts_and_q_rows_are_the_draft_models_own_at_every_step(tiny_m
     assert 0 < eng.scheduler.spec_accepted < eng.scheduler.spec_proposed
 
 
-def two_sample_chi_square(a, b, min_count=10):
-    """Pearson's two-sample chi-square on categorical samples (categories with fewer than ``min_count``
-    draws in total are pooled). Returns (statistic, degrees of freedom, p-value)."""
-    cats = np.unique(np.concatenate([a, b]))
-    ca = np.array([(a == c).sum() for c in cats], float)
-    cb = np.array([(b == c).sum() for c in cats], float)
-    small = (ca + cb) < min_count
-    if small.any():
-        ca, cb = np.append(ca[~small], ca[small].sum()), np.append(cb[~small], cb[small].sum())
-    tot = ca + cb
-    ea, eb = tot * ca.sum() / tot.sum(), tot * cb.sum() / tot.sum()
-    stat = float(((ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb).sum())
-    dof = len(tot) - 1
-    return stat, dof, chi2_sf(stat, dof)
-
-
 @pytest.mark.parametrize("drafter", ["draft", "ngram"])
 def test_engine_speculative_sampling_matches_plain_engine_distribution(drafter):
     """Temperature 1: the tokens at output positions 1-3 (emitted by speculative rounds) of 1,500 seeded
@@ -133,7 +117,7 @@ def test_engine_speculative_sampling_matches_plain_engine_distribution(drafter):
     spec, sched = run(num_speculative_tokens=3, speculative_model=drafter)
     assert sched.spec_accepted > 0.1 * n
     for pos in (1, 2, 3):
-        stat, dof, pval = two_sample_chi_square(plain[:, pos], spec[:, pos])
+        stat, dof, pval = chi_square_two_sample(plain[:, pos], spec[:, pos])
         assert pval > 1e-3, (pos, stat, dof, pval)
 
 

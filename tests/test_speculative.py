@@ -13,7 +13,7 @@ import pytest
 from minillm import ByteTokenizer, Model, ModelConfig, cached_decode, load_model
 from minillm.model import init_params
 from minillm.speculative import (
-    ModelDrafter, NgramDrafter, SpecParams, chi2_sf, chi_square_gof, emitted_distribution,
+    ModelDrafter, NgramDrafter, SpecParams, chi2_sf, chi_square_gof, chi_square_two_sample, emitted_distribution,
     first_token_distribution, residual, sample_probs, speculative_decode, to_probs, verify,
 )
 
@@ -390,3 +390,15 @@ def test_speculative_decode_bad_settings_raise_clear_errors(target):
         speculative_decode(target, NgramDrafter(), [], 4, 2)
     with pytest.raises(ValueError, match="p_rows"):
         verify(np.ones((2, 3)) / 3, None, [0, 1], np.random.default_rng(0))
+
+
+def test_chi_square_two_sample_accepts_one_distribution_and_rejects_two():
+    rng = np.random.default_rng(0)
+    p, q = np.array([0.5, 0.3, 0.15, 0.05]), np.array([0.3, 0.3, 0.3, 0.1])
+    same = chi_square_two_sample(rng.choice(4, 5000, p=p), rng.choice(4, 5000, p=p))
+    diff = chi_square_two_sample(rng.choice(4, 5000, p=p), rng.choice(4, 5000, p=q))
+    assert same[1] == 3 and same[2] > 1e-3 and diff[2] < 1e-12
+    rare = chi_square_two_sample(np.array([0] * 50 + [7]), np.array([0] * 50 + [8]))   # 7 and 8 pooled
+    assert rare[1] == 1 and rare[2] > 0.5
+    with pytest.raises(ValueError):
+        chi_square_two_sample([], [1])
