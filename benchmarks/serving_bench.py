@@ -121,16 +121,12 @@ def run_engine(model: TorchModel, prompts, outs, arrivals, *, static: bool, max_
     steps0 = eng.scheduler.num_steps
     occupancy: list[int] = []
     occupancy_mixed: list[bool] = []
-    orig = eng.scheduler.schedule
 
-    def spy():
-        b = orig()
-        if b is not None:
-            occupancy.append(sum(s.is_decoding for s in b.seqs))
-            occupancy_mixed.append(b.num_tokens > len(b.seqs))
-        return b
+    @eng.add_step_observer
+    def spy(b):
+        occupancy.append(sum(s.is_decoding for s in b.seqs))
+        occupancy_mixed.append(b.num_tokens > len(b.seqs))
 
-    eng.scheduler.schedule = spy
     params = [SamplingParams(max_tokens=o, ignore_eos=True) for o in outs]
     t0 = runner.now()
     res = eng.serve_trace(prompts, params, arrivals)

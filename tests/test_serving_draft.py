@@ -75,8 +75,8 @@ def test_propose_drafts_and_q_rows_are_the_draft_models_own_at_every_step(tiny_m
 
     eng = spec_engine(tiny_model, draft_model, 3, num_blocks=14, max_num_seqs=3, max_num_batched_tokens=32)
     checked = []
-    execute = eng.runner.execute
 
+    @eng.add_step_observer
     def spy(batch):
         for row, (seq, d) in enumerate(zip(batch.seqs, batch.drafts)):
             p = seq.params
@@ -88,9 +88,7 @@ def test_propose_drafts_and_q_rows_are_the_draft_models_own_at_every_step(tiny_m
                 np.testing.assert_allclose(batch.draft_probs[batch.row_offsets[row] + i],
                                            shaped_probs(logits, p.temperature, p.top_k or 0, p.top_p)[0], atol=2e-5)
                 checked.append(1)
-        return execute(batch)
 
-    eng.runner.execute = spy
     prompts, outs, arrivals = random_trace(3, n=6)
     params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.95, max_tokens=o + 8, seed=i, ignore_eos=True)
               for i, o in enumerate(outs)]

@@ -238,3 +238,15 @@ def test_scheduler_rejects_speculation_without_a_drafter(small_model):
         make_engine(small_model, num_speculative_tokens=2)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         SchedulerConfig(num_speculative_tokens=-1)
+
+
+def test_engine_step_observers_see_every_step_before_it_runs(small_model):
+    eng = make_engine(small_model, max_num_batched_tokens=16)
+    seen, ran = [], []
+    eng.add_step_observer(lambda b: seen.append((b.num_tokens, len(ran))))
+    execute = eng.runner.execute
+    eng.runner.execute = lambda b: ran.append(b) or execute(b)
+    eng.generate([[1, 2, 3] * 9, [4, 5]], SamplingParams(max_tokens=4, ignore_eos=True), progress=False)
+    assert len(seen) == len(ran) == eng.scheduler.num_steps
+    assert [n for n, _ in seen] == [b.num_tokens for b in ran]
+    assert [before for _, before in seen] == list(range(len(ran)))    # each observed before its step ran

@@ -35,15 +35,7 @@ def serve(engine, reqs, check):
     """Add requests at their arrival steps; call check(batch) on every step; return request ids in order."""
     step, pending = 0, sorted(range(len(reqs)), key=lambda i: reqs[i][2])
     sched = engine.scheduler
-    orig = sched.schedule
-
-    def spy():
-        batch = orig()
-        if batch is not None:
-            check(batch)
-        return batch
-
-    sched.schedule = spy
+    engine.add_step_observer(check)
     by_index = {}
     while pending or engine.has_unfinished():
         while pending and reqs[pending[0]][2] <= step:

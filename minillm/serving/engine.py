@@ -78,6 +78,7 @@ class LLMEngine:
         self.proposer = None if drafter is None or hasattr(drafter, "lookup") else drafter   # a draft model
         self.vocab_size, self.eos_token_id, self.tokenizer = int(vocab_size), eos_token_id, tokenizer
         self.requests: dict[int, Sequence] = {}
+        self.step_observers: list = []          # fn(batch) for each step, after drafting and before running it
         self._next_id = 0
         self._seeds = np.random.default_rng(seed)
 
@@ -124,6 +125,8 @@ class LLMEngine:
             return []
         if batch.needs_drafts:
             self.proposer.propose(batch)       # a draft model fills the reserved drafts
+        for observe in self.step_observers:
+            observe(batch)
         token_ids = self.runner.execute(batch)
         got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, self.runner.now())
         if self.proposer is not None:
@@ -131,6 +134,12 @@ class LLMEngine:
                 if s.finished:
                     self.proposer.release(s)
         return [s.seq_id for s in got]
+
+    def add_step_observer(self, fn):
+        """Call ``fn(batch)`` on every step's StepBatch, after its drafts are filled and before the runner
+        computes it (studies count occupancy, tests check invariants). Returns ``fn``."""
+        self.step_observers.append(fn)
+        return fn
 
     def run(self, progress: bool = False) -> None:
         """Step until every queued request has finished."""

@@ -60,17 +60,13 @@ def replay(prompts, output_lens, arrivals, *, static: bool = False, max_num_seqs
     eng = LLMEngine(runner, num_blocks, block_size, max_model_len, vocab, cfg,
                     enable_prefix_caching=enable_prefix_caching)
     decoding, timeline = [], []
-    orig = eng.scheduler.schedule
 
-    def observed():
-        batch = orig()
-        if batch is not None:
-            decoding.append(sum(s.is_decoding for s in batch.seqs))
-            if record_timeline:
-                timeline.append([s.seq_id for s in batch.seqs])
-        return batch
+    @eng.add_step_observer
+    def observed(batch):
+        decoding.append(sum(s.is_decoding for s in batch.seqs))
+        if record_timeline:
+            timeline.append([s.seq_id for s in batch.seqs])
 
-    eng.scheduler.schedule = observed
     params = [SamplingParams(max_tokens=int(o), ignore_eos=True) for o in output_lens]
     outs = eng.serve_trace(list(prompts), params, arrivals)
     finish = max(o.finish_time for o in outs)
