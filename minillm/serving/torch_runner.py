@@ -57,20 +57,24 @@ def _gumbel(seed, step, V):
     return -torch.log(-torch.log(counter_uniform(seed, step, V)))
 
 
+def _draw(z, logits, temperature, seed, step) -> torch.Tensor:
+    """Gumbel-max from shaped logits ``z`` where temperature > 0, the raw argmax elsewhere."""
+    drawn = (z + _gumbel(seed, step, z.shape[1])).argmax(dim=1)
+    return torch.where(temperature > 0, drawn, logits.argmax(dim=1))
+
+
 def sample_on_device(logits, temperature, top_k, top_p, seed, step) -> torch.Tensor:
     """``minillm.sampling.sample_batch`` on the device, every row at once, no host sync.
 
     Float64 like the NumPy version, so both pick the same token from the same logits (up to ties).
     """
-    z = shape_on_device(logits, temperature, top_k, top_p)
-    drawn = (z + _gumbel(seed, step, z.shape[1])).argmax(dim=1)
-    return torch.where(temperature > 0, drawn, logits.argmax(dim=1))
+    return _draw(shape_on_device(logits, temperature, top_k, top_p), logits, temperature, seed, step)
 
 
 def verify_on_device(logits, drafts, q, temperature, top_k, top_p, seed, step) -> torch.Tensor:
     """``minillm.sampling.verify_batch`` on the device: the same streams and float64 arithmetic."""
-    out = sample_on_device(logits, temperature, top_k, top_p, seed, step)
-    z = shape_on_device(logits, temperature, top_k, top_p)
+    z = shape_on_device(logits, temperature, top_k, top_p)      # once: the plain draw and p share it
+    out = _draw(z, logits, temperature, seed, step)
     p = torch.softmax(z, dim=1)
     d = drafts.clamp(min=0)[:, None]
     pd = p.gather(1, d)[:, 0]
