@@ -57,6 +57,11 @@ def counter_uniform(seed: np.ndarray, step: np.ndarray, vocab_size: int) -> np.n
     return (h.astype(np.float64) + 0.5) / 2.0**32
 
 
+def _pick(a, n: int, rows):
+    """``a`` (a scalar or one value per row of n) at ``rows``; None stays None (an option that is off)."""
+    return None if a is None else np.broadcast_to(np.asarray(a), (n,))[rows]
+
+
 def shape_logits(logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.ndarray:
     """Scaled logits with the tokens outside top-k / top-p set to -inf; rows are sequences.
 
@@ -96,7 +101,7 @@ def sample_batch(logits: np.ndarray, temperature, top_k, top_p, seeds, steps) ->
     out = np.argmax(z, axis=1)
     hot = np.flatnonzero(t > 0)
     if hot.size:
-        pick = lambda a: None if a is None else np.broadcast_to(np.asarray(a), (z.shape[0],))[hot]  # noqa: E731
+        pick = lambda a: _pick(a, z.shape[0], hot)  # noqa: E731
         zh = shape_logits(z[hot], t[hot], pick(top_k), pick(top_p))
         u = counter_uniform(pick(seeds), pick(steps), z.shape[1])
         out[hot] = np.argmax(zh - np.log(-np.log(u)), axis=1)
@@ -149,7 +154,7 @@ def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds
     rows = np.flatnonzero((drafts >= 0) & (t > 0))
     if rows.size == 0:
         return out
-    pick = lambda a: None if a is None else np.broadcast_to(np.asarray(a), (R,))[rows]  # noqa: E731
+    pick = lambda a: _pick(a, R, rows)  # noqa: E731
     p = shaped_probs(z[rows], t[rows], pick(top_k), pick(top_p))
     d = drafts[rows]
     idx = np.arange(rows.size)
@@ -183,7 +188,7 @@ def draft_batch(logits: np.ndarray, temperature, top_k, top_p, seeds, steps, wan
     hot = np.flatnonzero(t > 0)
     if hot.size == 0:
         return tokens, None
-    pick = lambda a: None if a is None else np.broadcast_to(np.asarray(a), (R,))[hot]  # noqa: E731
+    pick = lambda a: _pick(a, R, hot)  # noqa: E731
     zh = shape_logits(z[hot], t[hot], pick(top_k), pick(top_p))
     u = counter_uniform(sub_seed(np.asarray(pick(seeds), np.int64), DRAFT), pick(steps), z.shape[1])
     tokens[hot] = np.argmax(zh - np.log(-np.log(u)), axis=1)

@@ -24,6 +24,17 @@ import numpy as np
 from .sequence import Sequence
 
 
+def slot_mapping(tables, positions, block_size: int) -> np.ndarray:
+    """Pool slots of ``positions``: ``tables[..., position // block_size] * block_size + position % block_size``.
+
+    ``tables`` is one sequence's block table with ``positions`` (n,), or one table row per sequence with
+    one position each (S, max_blocks) and (S,)."""
+    tables, positions = np.asarray(tables, np.int64), np.asarray(positions, np.int64)
+    blocks = tables[positions // block_size] if tables.ndim == 1 else \
+        tables[np.arange(len(positions)), positions // block_size]
+    return blocks * block_size + positions % block_size
+
+
 class StepBatch:
     """Built by :meth:`build`. ``seqs``, ``num_new``, ``context_lens``, ``cu_seqlens_q`` and ``sample`` are
     computed at once; the per-token arrays (``input_ids``, ``positions``, ``slot_mapping``) and
@@ -120,7 +131,7 @@ class StepBatch:
             ids.extend(s.token(i) if i < start + n - len(d) else d[i - (start + n - len(d))]
                        for i in range(start, start + n))
             pos.append(p)
-            slots.append(np.asarray(table, np.int64)[p // bs] * bs + p % bs)
+            slots.append(slot_mapping(table, p, bs))
         tables = np.zeros((len(self.seqs), max(len(t) for t in self._tables)), np.int32)
         for row, t in enumerate(self._tables):
             tables[row, :len(t)] = t

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import RaggedStep, StepBatch
+from .batch import RaggedStep, StepBatch, slot_mapping
+from .runner import seq_sampling_arrays
 from .sequence import Sequence
 
 
@@ -68,9 +69,11 @@ class DraftModelProposer:
     def release(self, seq: Sequence) -> None:
         self._written.pop(seq.seq_id, None)
 
-    def _slots(self, table, positions: np.ndarray) -> np.ndarray:
-        bs = self.block_size
-        return np.asarray(table, np.int64)[positions // bs] * bs + positions % bs
+    def _decode_step(self, tables: np.ndarray, positions: np.ndarray) -> RaggedStep:
+        """One draft token per sequence at ``positions`` (ids come from the previous pass, on the device)."""
+        n = len(positions)
+        return RaggedStep(np.zeros(n, np.int64), positions, slot_mapping(tables, positions, self.block_size),
+                          tables, np.ones(n, np.int64))
 
     def _keep(self, tokens, q_all, batch, rows, active, i, tok, q) -> None:
         """Record pass i's draft tokens, and put its q rows where the verifier will read them."""
@@ -90,11 +93,7 @@ class DraftModelProposer:
         tables = np.zeros((len(seqs), max(len(s.block_table) for s in seqs)), np.int32)
         for j, s in enumerate(seqs):
             tables[j, :len(s.block_table)] = s.block_table
-        ps = [s.params for s in seqs]
-        temp = np.array([p.temperature for p in ps], np.float64)
-        top_k = np.array([p.top_k or 0 for p in ps], np.int64)
-        top_p = np.array([p.top_p for p in ps], np.float64)
-        seeds = np.array([s.seed for s in seqs], np.int64)
+        temp, top_k, top_p, seeds = seq_sampling_arrays(seqs)
         n_out = np.array([len(s.output) for s in seqs], np.int64)
         want_q = bool((temp > 0).any())
         R = len(batch.logits_rows)
@@ -107,7 +106,7 @@ class DraftModelProposer:
             p = np.arange(v, lens[j])
             ids.extend(s.token(int(i)) for i in p)
             pos.append(p)
-            slots.append(self._slots(s.block_table, p))
+            slots.append(slot_mapping(s.block_table, p, self.block_size))
             n_new.append(len(p))
         step = RaggedStep(ids, np.concatenate(pos), np.concatenate(slots), tables, n_new)
         active = np.arange(len(seqs))
@@ -119,10 +118,7 @@ class DraftModelProposer:
         k_max = int(ks.max())
         if k_max > 1 and (ks == k_max).all() and hasattr(run, "decode_chain"):
             # every sequence drafts k: the k - 1 decode passes advance on the device (see decode_chain)
-            p = lens + 0                                # d_1 is fed at position len
-            step = RaggedStep(np.zeros(len(seqs), np.int64), p,
-                              np.array([self._slots(s.block_table, p[j:j + 1])[0] for j, s in enumerate(seqs)]),
-                              tables, np.ones(len(seqs)))
+            step = self._decode_step(tables, lens)      # d_1 is fed at position len
             chain = run.decode_chain(step, prev, k_max - 1, lambda lg, i: run.draft(
                 lg, temp, top_k, top_p, seeds, n_out + 1 + i, want_probs=want_q))
             self.calls += k_max - 1
@@ -134,10 +130,7 @@ class DraftModelProposer:
                 if not keep.all():
                     prev = prev[run.index(np.flatnonzero(keep))]
                 active = active[keep]
-                p = lens[active] + i - 1                # d_i is fed at position len + i - 1
-                step = RaggedStep(np.zeros(len(active), np.int64), p,
-                                  np.array([self._slots(seqs[j].block_table, p[n:n + 1])[0]
-                                            for n, j in enumerate(active)]), tables[active], np.ones(len(active)))
+                step = self._decode_step(tables[active], lens[active] + i - 1)   # d_i at position len + i - 1
                 logits = run.logits(step, input_ids=prev)
                 self.calls += 1
                 prev, q = run.draft(logits, temp[active], top_k[active], top_p[active], seeds[active],

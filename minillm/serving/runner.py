@@ -25,14 +25,17 @@ from ..sampling import draft_batch, sample_batch, verify_batch
 from .batch import StepBatch
 
 
+def seq_sampling_arrays(seqs):
+    """Per sequence: temperature, top-k (0 = off), top-p and seed."""
+    ps = [s.params for s in seqs]
+    return (np.array([p.temperature for p in ps], np.float64), np.array([p.top_k or 0 for p in ps], np.int64),
+            np.array([p.top_p for p in ps], np.float64), np.array([s.seed for s in seqs], np.int64))
+
+
 def sampling_arrays(batch: StepBatch):
     """Per logits row: temperature, top-k (0 = off), top-p, seed and step (index of the token it samples)."""
     seq_idx, step = batch.row_params()
-    ps = [batch.seqs[i].params for i in seq_idx]
-    return (np.array([p.temperature for p in ps], np.float64),
-            np.array([p.top_k or 0 for p in ps], np.int64),
-            np.array([p.top_p for p in ps], np.float64),
-            np.array([batch.seqs[i].seed for i in seq_idx], np.int64), step)
+    return (*(a[seq_idx] for a in seq_sampling_arrays(batch.seqs)), step)
 
 
 class NumpyRunner:

@@ -219,6 +219,12 @@ class TorchRunner:
     def _decode_graph(self, n: int):
         return self._graphs.get(("decode", n)) or self._capture(("decode", n), n, n, self._decode)
 
+    def _decode_graph_for(self, n_seqs: int):
+        """The decode graph of the smallest captured size that holds ``n_seqs`` sequences, or None."""
+        if not self.use_graphs or n_seqs > self.graph_sizes[-1]:
+            return None
+        return self._decode_graph(next(b for b in self.graph_sizes if b >= n_seqs))
+
     def _mixed_graph(self, n_tok: int):
         return self._graphs.get(("mixed", n_tok)) or self._capture(("mixed", n_tok), n_tok, self.mixed_seqs,
                                                                     self._varlen)
@@ -261,11 +267,9 @@ class TorchRunner:
         draft model feeds its own last tokens without a trip through the host)."""
         S, T = batch.num_seqs, batch.num_tokens
         decode_only = T == S
-        graph = None
-        if self.use_graphs and decode_only and S <= self.graph_sizes[-1]:
-            graph = self._decode_graph(next(b for b in self.graph_sizes if b >= S))
-        elif (self.use_graphs and self.mixed_buckets and S <= self.mixed_seqs
-              and len(batch.logits_rows) <= self.mixed_rows):
+        graph = self._decode_graph_for(S) if decode_only else None
+        if (graph is None and self.use_graphs and self.mixed_buckets and S <= self.mixed_seqs
+                and len(batch.logits_rows) <= self.mixed_rows):
             need = T + self.mixed_seqs - S
             n_tok = next((b for b in self.mixed_buckets if b >= need), None)
             if n_tok is not None:
@@ -307,9 +311,7 @@ class TorchRunner:
         decode graph when one fits, else runs the same buffers eagerly. Returns [(tokens, extra)] per pass.
         """
         S, bs = batch.num_seqs, self.block_size
-        graph = None
-        if self.use_graphs and S <= self.graph_sizes[-1]:
-            graph = self._decode_graph(next(b for b in self.graph_sizes if b >= S))
+        graph = self._decode_graph_for(S)
         if graph is not None:
             g, st, out = graph
         else:
