@@ -93,11 +93,11 @@ def verify_on_device(logits, drafts, q, temperature, top_k, top_p, seed, step) -
 
 
 def draft_on_device(logits, temperature, top_k, top_p, seed, step, want_probs: bool = True):
-    """``minillm.sampling.draft_batch`` on the device: tokens, and q (zeros on greedy rows) or None."""
+    """``minillm.sampling.draft_batch`` on the device for rows of which at least one samples (temperature > 0;
+    ``TorchRunner.draft`` answers an all-greedy pass with the argmax and no q, as NumPy does, without asking
+    the device): tokens, and q (zeros on greedy rows) or None."""
     greedy = logits.argmax(dim=1)
     hot = temperature > 0
-    if not bool(hot.any()):               # the host knows this already; see TorchRunner.draft
-        return greedy, None
     z = shape_on_device(logits, temperature, top_k, top_p)
     tokens = torch.where(hot, (z + _gumbel(sub_seed(seed.long(), DRAFT), step, z.shape[1])).argmax(dim=1), greedy)
     if not want_probs:
