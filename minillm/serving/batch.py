@@ -188,4 +188,3 @@ class RaggedStep:
         self.context_lens = (self.positions[self.cu_seqlens_q[1:] - 1] + 1).astype(np.int32)
         self.logits_rows = (self.cu_seqlens_q[1:] - 1).astype(np.int64) if logits_rows is None else \
             np.asarray(logits_rows, np.int64)
-        self.drafts = [[] for _ in range(self.num_seqs)]

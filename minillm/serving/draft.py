@@ -44,7 +44,6 @@ class DraftModelProposer:
         self.num_blocks = int(runner.k_pool.shape[1])
         self._written: dict[int, tuple[int, int]] = {}   # seq_id -> (preemptions then, tokens with draft K/V)
         self.calls = 0                                    # draft forward passes
-        self.rounds = 0                                   # propose() calls that drafted something
 
     def check_target(self, vocab_size: int, max_model_len: int, num_blocks: int, block_size: int) -> None:
         """Raise unless this draft model can serve an engine with these settings."""
@@ -142,5 +141,4 @@ class DraftModelProposer:
                 drafts[rows[j]].append(int(t))
         for j, s in enumerate(seqs):
             self._written[s.seq_id] = (s.num_preemptions, int(lens[j] + ks[j] - 1))
-        self.rounds += 1
         batch.set_drafts(drafts, q_all)
