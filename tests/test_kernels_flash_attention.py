@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
 
 from minillm.attention import flash_attention_backward, standard_attention  # noqa: E402
-from minillm.kernels.flash_attention import flash_attention  # noqa: E402
+from minillm.kernels.flash_attention import BWD_IMPLS, FWD_IMPLS, flash_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
@@ -72,6 +72,51 @@ def test_forward_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk):
         np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[torch.float32])
 
 
+FWD_CASES = [  # (b, hq, hkv, nq, nk, d): GQA, Nq != Nk both ways, ragged tiles, D not a power of two
+    (1, 2, 1, 37, 53, 16), (2, 4, 2, 32, 32, 24), (1, 2, 2, 20, 45, 32), (1, 4, 1, 50, 17, 64), (1, 2, 2, 1, 33, 80)]
+
+
+@pytest.mark.parametrize("impl", FWD_IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", FWD_CASES)
+def test_forward_impls_match_reference(case, dtype, impl):
+    """Every forward version (pointers, TMA, warp-specialized, persistent) computes the same o and lse."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(*case, dtype, seed=sum(case))
+    for causal in (False, True):
+        o, lse = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl=impl)
+        assert fa.last_forward_impl == impl
+        np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[dtype])
+        o1, lse1 = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl="v1")
+        assert torch.equal(torch.isinf(lse), torch.isinf(lse1))
+        finite = torch.isfinite(lse1)
+        torch.testing.assert_close(lse[finite], lse1[finite], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("programs_per_sm", [1, 3])
+def test_forward_persistent_grid_covers_every_tile(programs_per_sm):
+    """A persistent grid smaller and larger than the tile count: every tile is done exactly once."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(2, 3, 1, 70, 70, 32, torch.float32, seed=9)
+    for causal in (False, True):
+        for impl in ("v4", "v5"):
+            o, _ = fa._forward(q, k, v, causal, 32 ** -0.5, config=(16, 16, 1, 1), impl=impl,
+                               programs_per_sm=programs_per_sm)
+            np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[torch.float32])
+
+
+def test_forward_tma_falls_back_to_pointers_for_unaligned_rows():
+    """fp16 rows of 20 elements are 40 bytes, not a multiple of 16: a TMA version runs v1 instead."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(1, 2, 1, 9, 9, 20, torch.float16)
+    o, _ = fa._forward(q, k, v, True, 20 ** -0.5, impl="v2")
+    assert fa.last_forward_impl == "v1"
+    np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float16])
+
+
 def test_flash_attention_long_sequence():
     q, k, v = make(1, 1, 1, 1000, 1000, 32, torch.float32, seed=5)
     np.testing.assert_allclose(flash_attention(q, k, v, causal=True).double().cpu().numpy(), ref(q, k, v, True),
@@ -118,7 +163,7 @@ def grads_and_reference(b, hq, hkv, nq, nk, d, causal, dtype, backward, seed=3):
     return [g.double().cpu().numpy() for g in got], want
 
 
-@pytest.mark.parametrize("bwd_impl", ["v1", "v2"])
+@pytest.mark.parametrize("bwd_impl", BWD_IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", BWD_CASES)
 def test_flash_attention_backward_impls_match_reference(case, dtype, bwd_impl):
@@ -136,15 +181,17 @@ BWD_TILE_CONFIGS = ([(16, 32, 32, 16, 1, 1), (32, 16, 16, 32, 1, 1), (16, 64, 64
                     else [(64, 128, 128, 64, 8, 3), (32, 64, 64, 32, 4, 2), (128, 64, 64, 128, 8, 2)])
 
 
+@pytest.mark.parametrize("tma,split", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("config", BWD_TILE_CONFIGS)  # (M1, N1, M2, N2, warps, stages)
 @pytest.mark.parametrize("nq,nk,hq,hkv", [(45, 100, 4, 2), (100, 45, 2, 1), (70, 70, 2, 2), (1, 33, 2, 1), (50, 48, 2, 1)])
-def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk, hq, hkv):
+def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk, hq, hkv, tma, split):
     """M1 != N1 and M2 != N2 move where the diagonal band ends and the unmasked interior begins."""
     from minillm.kernels.flash_attention import _backward_v2
 
     for causal in (False, True):
         got, want = grads_and_reference(1, hq, hkv, nq, nk, 32, causal, TILE_TEST_DTYPE,
-                                        lambda *t: _backward_v2(*t, causal, 32 ** -0.5, config=config))
+                                        lambda *t: _backward_v2(*t, causal, 32 ** -0.5, config=config, tma=tma,
+                                                                split=split))
         for name, g, w in zip("qkv", got, want):
             np.testing.assert_allclose(g, w, atol=BWD_TOL[TILE_TEST_DTYPE], err_msg=f"d{name} causal={causal}")
 
@@ -179,9 +226,10 @@ def test_backward_v2_falls_back_when_the_table_config_does_not_fit(monkeypatch):
         fa._backward_v2(z, z, z, z, torch.zeros(1, 1, 4, device=DEVICE), z, False, 1.0, config=table)
 
 
-def test_flash_attention_rejects_unknown_bwd_impl():
-    with pytest.raises(ValueError, match="bwd_impl"):
-        flash_attention(*make(1, 2, 2, 4, 4, 16, torch.float32), bwd_impl="v3")
+@pytest.mark.parametrize("knob", ["fwd_impl", "bwd_impl"])
+def test_flash_attention_rejects_unknown_impl(knob):
+    with pytest.raises(ValueError, match=knob):
+        flash_attention(*make(1, 2, 2, 4, 4, 16, torch.float32), **{knob: "v9"})
 
 
 def test_flash_attention_gradients_match_torch_autograd():
@@ -222,9 +270,10 @@ def test_flash_attention_bfloat16_is_upcast_in_interpreter():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fwd_impl", FWD_IMPLS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attention_gpu_tolerance_rule(dtype, causal):
+def test_flash_attention_gpu_tolerance_rule(dtype, causal, fwd_impl):
     q, k, v = make(2, 8, 2, 1000, 1000, 128, dtype, seed=7)
     gold = torch.from_numpy(ref(q, k, v, causal)).to(DEVICE)
     rep = lambda t: t.repeat_interleave(4, dim=1)  # noqa: E731
@@ -232,13 +281,13 @@ def test_flash_attention_gpu_tolerance_rule(dtype, causal):
 
     with sdpa_kernel(SDPBackend.MATH):
         math_out = torch.nn.functional.scaled_dot_product_attention(q, rep(k), rep(v), is_causal=causal)
-    err = (flash_attention(q, k, v, causal=causal).double() - gold).abs().max().item()
+    err = (flash_attention(q, k, v, causal=causal, fwd_impl=fwd_impl).double() - gold).abs().max().item()
     err_math = (math_out.double() - gold).abs().max().item()
     assert err <= 2 * err_math + 1e-5, (err, err_math)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bwd_impl", ["v1", "v2"])
+@pytest.mark.parametrize("bwd_impl", BWD_IMPLS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_backward_gpu_tolerance_rule(dtype, causal, bwd_impl):

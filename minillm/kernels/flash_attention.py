@@ -72,6 +72,16 @@ def _load_tile(ptrs, in_rows, in_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.
 
 
 @triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b on the tensor cores (or in exact fp32 for fp32 inputs)."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
 def _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                PAD_D: tl.constexpr, IEEE: tl.constexpr):
@@ -156,6 +166,118 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
+# ---------------------------------------------------------------------------------------------
+# Forward v2-v5: the same FlashAttention-2 loop, fed by the Hopper tensor-memory accelerator (TMA).
+#
+# * v2: Q, K, V and O move through in-kernel tensor descriptors (tl.make_tensor_descriptor), one per
+#   (batch, head): a tile load is one TMA copy from HBM straight to shared memory, issued by one thread,
+#   instead of every thread computing addresses and moving its part through registers. The descriptor
+#   knows the tensor's extent, so rows past the end read as zeros and stores past it are dropped: no
+#   load masks at all (the scores of a ragged last key tile are still masked).
+# * v3: v2 with warp specialization (tl.range(..., warp_specialize=True)): the compiler splits the
+#   program into a producer warp group that only issues TMA loads and consumer warp groups that do the
+#   math, handing tiles over through shared-memory barriers.
+# * v4: v2 with a persistent grid: one program per SM (times the occupancy) loops over the tiles,
+#   heaviest first when causal, so no SM idles in a last partial wave.
+# * v5: v4 with warp specialization on the persistent loop.
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
+    """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros)."""
+    for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        start = tl.multiple_of(start, BLOCK_N)
+        kt = k_desc.load([start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
+        s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
+        if MASKED:
+            cols = start + tl.arange(0, BLOCK_N)
+            valid = cols[None, :] < Nk
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None] + offset)
+            s = tl.where(valid, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_shift[:, None])
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+            m_shift = m_new
+            p = tl.exp2(s * qk_scale - m_shift[:, None])
+        alpha = tl.exp2(m - m_shift)
+        l = l * alpha + tl.sum(p, axis=1)
+        v = v_desc.load([start, 0])
+        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+        m = m_new
+    return acc, l, m
+
+
+@triton.jit
+def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
+                  sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
+    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue."""
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    hk = h // GROUP
+    q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Nq, HEAD_DIM], strides=[sqn, 1],
+                                       block_shape=[BLOCK_M, BLOCK_D])
+    k_desc = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Nk, HEAD_DIM], strides=[skn, 1],
+                                       block_shape=[BLOCK_N, BLOCK_D])
+    v_desc = tl.make_tensor_descriptor(V + b * svb + hk * svh, shape=[Nk, HEAD_DIM], strides=[svn, 1],
+                                       block_shape=[BLOCK_N, BLOCK_D])
+    o_desc = tl.make_tensor_descriptor(O + b * sob + h * soh, shape=[Nq, HEAD_DIM], strides=[son, 1],
+                                       block_shape=[BLOCK_M, BLOCK_D])
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    q = q_desc.load([m0, 0])
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    offset = Nk - Nq
+    full = (Nk // BLOCK_N) * BLOCK_N
+    hi = Nk
+    if CAUSAL:
+        hi = tl.minimum(Nk, m0 + BLOCK_M + offset)
+        full = tl.minimum(full, (tl.maximum(m0 + offset + 1, 0) // BLOCK_N) * BLOCK_N)
+    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
+                               False, CAUSAL, IEEE, WS)
+    if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale, BLOCK_N,
+                                   True, CAUSAL, IEEE, False)
+    o_desc.store([m0, 0], (acc / tl.where(l > 0, l, 1.0)[:, None]).to(O.dtype.element_ty))
+    lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
+    tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
+
+
+@triton.jit
+def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NUM_TILES,
+                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+                    PERSISTENT: tl.constexpr):
+    if PERSISTENT:
+        # tile t: causal runs the last (heaviest) query tiles of every head first; non-causal keeps the
+        # tiles of one head together, so the programs running at once share its K and V in L2
+        for t in tl.range(tl.program_id(0), NUM_TILES, tl.num_programs(0), warp_specialize=WS):
+            if CAUSAL:
+                pid_m = NUM_M_TILES - 1 - t // (NUM_TILES // NUM_M_TILES)
+                bh = t % (NUM_TILES // NUM_M_TILES)
+            else:
+                pid_m = t % NUM_M_TILES
+                bh = t // NUM_M_TILES
+            _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
+                          sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False)
+    else:
+        pid_m = tl.program_id(0)
+        if CAUSAL:
+            pid_m = tl.num_programs(0) - 1 - pid_m
+        _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
+                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS)
+
+
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward; small tiles in the interpreter.
 
@@ -174,22 +296,70 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, i
     return 64, 32, 8, 1
 
 
-def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None):
-    """Launch the forward kernel; ``config`` = (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides
-    the tuned table (benchmarks/flash_attention_tune.py sweeps it)."""
+FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
+DEFAULT_FWD_IMPL = "v1"
+last_forward_impl = None  # the forward version the latest call ran (a TMA version falls back to v1, see _tma_ok)
+_allocator_ready = False
+
+
+def _tma_ok(*tensors) -> bool:
+    """In-kernel tensor descriptors need 16-byte aligned base pointers and row strides (and so do the
+    per-(batch, head) bases the kernel adds to them); anything else runs the pointer version."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or any(st * size % 16 for st in t.stride()[:3]):
+            return False
+    return True
+
+
+def _ensure_allocator() -> None:
+    """tl.make_tensor_descriptor writes its 128-byte descriptor to global scratch memory that Triton
+    asks the host for through triton.set_allocator; hand it torch memory on the current device."""
+    global _allocator_ready
+    if not _allocator_ready:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _allocator_ready = True
+
+
+def _num_sms(device) -> int:
+    return 4 if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
+             impl: str | None = None, programs_per_sm: int = 1):
+    """Launch a forward version (FWD_IMPLS; None: DEFAULT_FWD_IMPL, v1 in the interpreter); ``config`` =
+    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the tuned table (benchmarks/flash_attention_tune.py
+    sweeps it). ``programs_per_sm`` sizes the persistent grid of v4/v5."""
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    impl = impl or ("v1" if INTERPRETED else DEFAULT_FWD_IMPL)
+    if impl not in FWD_IMPLS:
+        raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
+    if impl != "v1" and not _tma_ok(q, k, v, o):
+        impl = "v1"
     bm, bn, warps, stages = config or _blocks(D, q.dtype)
     block_d = max(16, triton.next_power_of_2(D))
-    grid = (triton.cdiv(Nq, bm), B * Hq)
-    global last_forward_kernel
-    last_forward_kernel = _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
-                      *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                      HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-                      PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    n_m = triton.cdiv(Nq, bm)
+    args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
+    common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, IEEE=q.dtype == torch.float32,
+                  num_warps=warps, num_stages=stages)
+    global last_forward_kernel, last_forward_impl
+    if impl == "v1":
+        kern = _fwd_kernel[(n_m, B * Hq)](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *args,
+                                          PAD_D=block_d != D, **common)
+    else:
+        if not INTERPRETED:
+            _ensure_allocator()
+        persistent = impl in ("v4", "v5")
+        tiles = n_m * B * Hq
+        grid = (min(tiles, _num_sms(q.device) * programs_per_sm),) if persistent else (n_m, B * Hq)
+        kern = _fwd_kernel_tma[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles,
+                                     *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
+                                     **common)
+    last_forward_kernel, last_forward_impl = kern, impl
     return o, lse
 
 
@@ -364,16 +534,6 @@ def _backward_v1(q, k, v, o, lse, do, causal: bool, scale: float):
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _mma(a, b, acc, IEEE: tl.constexpr):
-    """acc + a @ b on the tensor cores (or in exact fp32 for fp32 inputs)."""
-    if IEEE:
-        acc = tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
 def _bwd_preprocess_v2(O, DO, LSE, DELTA, LSE2, Nq, H, sob, soh, son, sdb, sdh, sdn,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta = rowsum(O * dO); lse2 = lse * log2(e), with +inf for a row that sees no key."""
@@ -393,20 +553,26 @@ def _bwd_preprocess_v2(O, DO, LSE, DELTA, LSE2, Nq, H, sob, soh, son, sdb, sdh, 
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, hi, Nq, offset,
-                    sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, CHECK_ROWS: tl.constexpr, PAD_D: tl.constexpr,
-                    IEEE: tl.constexpr):
+def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, lo, hi, Nq, offset,
+                    sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, CHECK_ROWS: tl.constexpr,
+                    PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr):
     """Query tiles [lo, hi) of each of the GROUP query heads against one key tile: dV += P^T dO, dK += dS^T Q
-    (unscaled). One flat loop over (head, tile): a loop over heads around the tile loop spilled registers."""
+    (unscaled). One flat loop over (head, tile): a loop over heads around the tile loop spilled registers.
+    With TMA, q_src and do_src are (GROUP, Nq, D) descriptors (rows past Nq read as zeros); otherwise
+    pointers to the group's first head."""
     dmask = dims < HEAD_DIM
     n_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M  # >= 0: hi > lo - BLOCK_M in every call
     for it in tl.range(0, n_tiles * GROUP):
         g = it // n_tiles
-        rows = lo + (it - g * n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)
+        r0 = lo + (it - g * n_tiles) * BLOCK_M
+        rows = r0 + tl.arange(0, BLOCK_M)
         in_q = rows < Nq
-        qt = _load_tile(q_base + g * sqh + rows[None, :] * sqn + dims[:, None], in_q[None, :], dmask[:, None],
-                        CHECK_ROWS, PAD_D)  # Q^T tile, (BLOCK_D, BLOCK_M)
+        if TMA:
+            qt = tl.reshape(q_src.load([g, r0, 0]), [BLOCK_M, BLOCK_D]).T
+        else:
+            qt = _load_tile(q_src + g * sqh + rows[None, :] * sqn + dims[:, None], in_q[None, :], dmask[:, None],
+                            CHECK_ROWS, PAD_D)  # Q^T tile, (BLOCK_D, BLOCK_M)
         if CHECK_ROWS:
             lse2 = tl.load(lse2_base + g * Nq + rows, mask=in_q, other=float("inf"))
             delta = tl.load(delta_base + g * Nq + rows, mask=in_q, other=0.0)
@@ -417,8 +583,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, 
         pt = tl.exp2(st * qk_scale - lse2[None, :])
         if MASK_CAUSAL:
             pt = tl.where(cols[:, None] <= rows[None, :] + offset, pt, 0.0)
-        do = _load_tile(do_base + g * sdh + rows[:, None] * sdn + dims[None, :], in_q[:, None], dmask[None, :],
-                        CHECK_ROWS, PAD_D)  # (BLOCK_M, BLOCK_D)
+        if TMA:
+            do = tl.reshape(do_src.load([g, r0, 0]), [BLOCK_M, BLOCK_D])
+        else:
+            do = _load_tile(do_src + g * sdh + rows[:, None] * sdn + dims[None, :], in_q[:, None], dmask[None, :],
+                            CHECK_ROWS, PAD_D)  # (BLOCK_M, BLOCK_D)
         dv = _mma(pt.to(do.dtype), do, dv, IEEE)
         dpt = _mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), IEEE)  # dP^T
         dst = pt * (dpt - delta[None, :])
@@ -427,16 +596,23 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, 
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
+def _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                  CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
-    """Key tiles [lo, hi) against one query tile: dQ += dS K (unscaled)."""
+                  CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr):
+    """Key tiles [lo, hi) against one query tile: dQ += dS K (unscaled). With TMA, k_src and v_src are
+    (Nk, D) descriptors; otherwise pointers."""
     dmask = dims < HEAD_DIM
     for start in tl.range(lo, hi, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         in_k = cols < Nk
-        kt = _load_tile(k_base + cols[None, :] * skn + dims[:, None], in_k[None, :], dmask[:, None], MASKED, PAD_D)
-        vt = _load_tile(v_base + cols[None, :] * svn + dims[:, None], in_k[None, :], dmask[:, None], MASKED, PAD_D)
+        if TMA:
+            kt = k_src.load([start, 0]).T
+            vt = v_src.load([start, 0]).T
+        else:
+            kt = _load_tile(k_src + cols[None, :] * skn + dims[:, None], in_k[None, :], dmask[:, None], MASKED,
+                            PAD_D)
+            vt = _load_tile(v_src + cols[None, :] * svn + dims[:, None], in_k[None, :], dmask[:, None], MASKED,
+                            PAD_D)
         s = _mma(q, kt, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), IEEE)
         p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -451,89 +627,134 @@ def _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, lo, hi, Nk
 
 
 @triton.jit
+def _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_scale, Nq, Nk, Hq, GROUP,
+                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                   CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr):
+    """dK, dV of key tile pid of KV head hk, summed over the GROUP query heads that share it."""
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < HEAD_DIM
+    offset = Nk - Nq  # bottom-right alignment: query i sees keys j <= i + offset
+    n0 = pid * BLOCK_N1
+    cols = n0 + tl.arange(0, BLOCK_N1)
+    kv_mask = (cols[:, None] < Nk) & dmask[None, :]
+    k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
+    full_q = (Nq // BLOCK_M1) * BLOCK_M1  # query tiles below this need no row mask
+    lo = 0
+    mid = 0
+    if CAUSAL:
+        # rows >= n0 - offset see the tile's first key; rows >= n0 + BLOCK_N1 - 1 - offset see all of it
+        lo = (tl.maximum(n0 - offset, 0) // BLOCK_M1) * BLOCK_M1
+        mid = tl.minimum(tl.cdiv(tl.maximum(n0 + BLOCK_N1 - 1 - offset, 0), BLOCK_M1) * BLOCK_M1, Nq)
+    tail = full_q  # the ragged last query tile, unless the diagonal band already covered it
+    if CAUSAL:
+        tail = tl.maximum(mid, full_q)
+    h0 = hk * GROUP  # the group's first query head; the inner loops step through all GROUP of them
+    if TMA:
+        q_src = tl.make_tensor_descriptor(Q + b * sqb + h0 * sqh, shape=[GROUP, Nq, HEAD_DIM], strides=[sqh, sqn, 1],
+                                          block_shape=[1, BLOCK_M1, BLOCK_D])
+        do_src = tl.make_tensor_descriptor(DO + b * sdb + h0 * sdh, shape=[GROUP, Nq, HEAD_DIM],
+                                           strides=[sdh, sdn, 1], block_shape=[1, BLOCK_M1, BLOCK_D])
+    else:
+        q_src = Q + b * sqb + h0 * sqh
+        do_src = DO + b * sdb + h0 * sdh
+    lse2_base = LSE2 + (b * Hq + h0) * Nq
+    delta_base = DELTA + (b * Hq + h0) * Nq
+    if CAUSAL:  # the diagonal band: causal mask and row mask
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, lo, mid,
+                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M1,
+                                 BLOCK_N1, True, True, PAD_D, IEEE, TMA)
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, mid, full_q,
+                             Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1,
+                             False, False, PAD_D, IEEE, TMA)
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, tail, Nq,
+                             Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1,
+                             False, True, PAD_D, IEEE, TMA)
+    tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dq_tile(j, b, hk, Q, K, V, DO, LSE2, DELTA, DQ, sm_scale, qk_scale, Nq, Nk, Hq, GROUP, NUM_Q_TILES,
+                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdqb, sdqh, sdqn,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                 CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr):
+    """dQ of query tile j % NUM_Q_TILES of query head j // NUM_Q_TILES of KV head hk's group."""
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < HEAD_DIM
+    offset = Nk - Nq
+    g = j // NUM_Q_TILES
+    pid_m = j % NUM_Q_TILES
+    if CAUSAL:  # the last query tiles see the most keys: start them first
+        pid_m = NUM_Q_TILES - 1 - pid_m
+    h = hk * GROUP + g
+    bh = b * Hq + h
+    rows = pid_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)
+    in_q = rows < Nq
+    q_mask = in_q[:, None] & dmask[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
+    lse2 = tl.load(LSE2 + bh * Nq + rows, mask=in_q, other=float("inf"))
+    delta = tl.load(DELTA + bh * Nq + rows, mask=in_q, other=0.0)
+    dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
+    full = (Nk // BLOCK_N2) * BLOCK_N2
+    hi = Nk
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(Nk, (pid_m + 1) * BLOCK_M2 + offset), 0)
+        first_row_sees = tl.maximum(pid_m * BLOCK_M2 + offset + 1, 0)  # keys the tile's first row sees
+        full = tl.minimum(full, (first_row_sees // BLOCK_N2) * BLOCK_N2)
+    if TMA:
+        k_src = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Nk, HEAD_DIM], strides=[skn, 1],
+                                          block_shape=[BLOCK_N2, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(V + b * svb + hk * svh, shape=[Nk, HEAD_DIM], strides=[svn, 1],
+                                          block_shape=[BLOCK_N2, BLOCK_D])
+    else:
+        k_src = K + b * skb + hk * skh
+        v_src = V + b * svb + hk * svh
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, rows, dims, 0, full, Nk, offset, skn, svn,
+                       qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, False, CAUSAL, PAD_D, IEEE, TMA)
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_src, v_src, rows, dims, full, hi, Nk, offset, skn, svn,
+                       qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, True, CAUSAL, PAD_D, IEEE, TMA)
+    tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqn + dims[None, :],
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
 def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq, Nk, Hq, Hkv, GROUP,
                    NUM_KV_TILES, NUM_Q_TILES,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
                    sdqb, sdqh, sdqn, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
-                   IEEE: tl.constexpr):
+                   IEEE: tl.constexpr, TMA: tl.constexpr, SIDE: tl.constexpr):
+    """SIDE 0: one launch, programs [0, NUM_KV_TILES) do dK/dV and the rest dQ; SIDE 1 / 2: a launch
+    that compiles only the dK/dV side / only the dQ side (each then gets its own warps and stages)."""
     pid = tl.program_id(0)
     bhk = tl.program_id(1)
     b = (bhk // Hkv).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
     hk = bhk % Hkv
-    dims = tl.arange(0, BLOCK_D)
-    dmask = dims < HEAD_DIM
-    offset = Nk - Nq  # bottom-right alignment: query i sees keys j <= i + offset
-    k_base = K + b * skb + hk * skh
-    v_base = V + b * svb + hk * svh
-    if pid < NUM_KV_TILES:
-        # ---- dK, dV of key tile pid, summed over the GROUP query heads that share KV head hk ----
-        n0 = pid * BLOCK_N1
-        cols = n0 + tl.arange(0, BLOCK_N1)
-        kv_mask = (cols[:, None] < Nk) & dmask[None, :]
-        k = tl.load(k_base + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
-        dk = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
-        dv = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
-        full_q = (Nq // BLOCK_M1) * BLOCK_M1  # query tiles below this need no row mask
-        lo = 0
-        mid = 0
-        if CAUSAL:
-            # rows >= n0 - offset see the tile's first key; rows >= n0 + BLOCK_N1 - 1 - offset see all of it
-            lo = (tl.maximum(n0 - offset, 0) // BLOCK_M1) * BLOCK_M1
-            mid = tl.minimum(tl.cdiv(tl.maximum(n0 + BLOCK_N1 - 1 - offset, 0), BLOCK_M1) * BLOCK_M1, Nq)
-        tail = full_q  # the ragged last query tile, unless the diagonal band already covered it
-        if CAUSAL:
-            tail = tl.maximum(mid, full_q)
-        h0 = hk * GROUP  # the group's first query head; the inner loops step through all GROUP of them
-        q_base = Q + b * sqb + h0 * sqh
-        do_base = DO + b * sdb + h0 * sdh
-        lse2_base = LSE2 + (b * Hq + h0) * Nq
-        delta_base = DELTA + (b * Hq + h0) * Nq
-        if CAUSAL:  # the diagonal band: causal mask and row mask
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, lo, mid,
-                                     Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
-                                     True, True, PAD_D, IEEE)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, mid, full_q,
-                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
-                                 False, False, PAD_D, IEEE)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, cols, dims, tail, Nq,
-                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, HEAD_DIM, BLOCK_M1, BLOCK_N1,
-                                 False, True, PAD_D, IEEE)
-        tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
-                 (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
-                 dv.to(DV.dtype.element_ty), mask=kv_mask)
+    if SIDE == 1:
+        _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_scale, Nq, Nk, Hq, GROUP,
+                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+                       HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, PAD_D, IEEE, TMA)
+    elif SIDE == 2:
+        _bwd_dq_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DQ, sm_scale, qk_scale, Nq, Nk, Hq, GROUP, NUM_Q_TILES,
+                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdqb, sdqh, sdqn,
+                     HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, PAD_D, IEEE, TMA)
     else:
-        # ---- dQ of one query tile of one query head of the group ----
-        j = pid - NUM_KV_TILES
-        g = j // NUM_Q_TILES
-        pid_m = j % NUM_Q_TILES
-        if CAUSAL:  # the last query tiles see the most keys: start them first
-            pid_m = NUM_Q_TILES - 1 - pid_m
-        h = hk * GROUP + g
-        bh = b * Hq + h
-        rows = pid_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)
-        in_q = rows < Nq
-        q_mask = in_q[:, None] & dmask[None, :]
-        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
-        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
-        lse2 = tl.load(LSE2 + bh * Nq + rows, mask=in_q, other=float("inf"))
-        delta = tl.load(DELTA + bh * Nq + rows, mask=in_q, other=0.0)
-        dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
-        full = (Nk // BLOCK_N2) * BLOCK_N2
-        hi = Nk
-        if CAUSAL:
-            hi = tl.maximum(tl.minimum(Nk, (pid_m + 1) * BLOCK_M2 + offset), 0)
-            first_row_sees = tl.maximum(pid_m * BLOCK_M2 + offset + 1, 0)  # keys the tile's first row sees
-            full = tl.minimum(full, (first_row_sees // BLOCK_N2) * BLOCK_N2)
-        dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, 0, full, Nk, offset, skn, svn,
-                           qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, False, CAUSAL, PAD_D, IEEE)
-        dq = _bwd_dq_inner(dq, q, do, lse2, delta, k_base, v_base, rows, dims, full, hi, Nk, offset, skn, svn,
-                           qk_scale, HEAD_DIM, BLOCK_M2, BLOCK_N2, True, CAUSAL, PAD_D, IEEE)
-        tl.store(DQ + b * sdqb + h * sdqh + rows[:, None] * sdqn + dims[None, :],
-                 (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_mask)
+        if pid < NUM_KV_TILES:
+            _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_scale, Nq, Nk, Hq, GROUP,
+                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdkb, sdkh, sdkn,
+                           sdvb, sdvh, sdvn, HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, PAD_D, IEEE, TMA)
+        else:
+            _bwd_dq_tile(pid - NUM_KV_TILES, b, hk, Q, K, V, DO, LSE2, DELTA, DQ, sm_scale, qk_scale, Nq, Nk, Hq,
+                         GROUP, NUM_Q_TILES, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
+                         sdqb, sdqh, sdqn, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, PAD_D, IEEE, TMA)
 
 
 def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int, int, int]:
@@ -559,13 +780,19 @@ _bwd_config_chosen: dict = {}
 last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
 
 
-def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
-    """One preprocess launch and one backward launch. ``config`` = _bwd_blocks' tuple overrides the
-    table (and then an OutOfResources error propagates: the tune sweep records it)."""
+def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, tma: bool = False,
+                 split: bool = False):
+    """One preprocess launch and one backward launch (``split``: two, one per side, each compiled alone).
+    ``tma`` loads the streamed tiles (Q, dO on the dK/dV side; K, V on the dQ side) through tensor
+    descriptors. ``config`` = _bwd_blocks' tuple, plus (num_warps, num_stages) of the dQ launch when
+    split, overrides the table (and then an OutOfResources error propagates: the tune sweep records it)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))
+    tma = tma and _tma_ok(q, k, v, do)
+    if tma and not INTERPRETED:
+        _ensure_allocator()
     block_d = max(16, triton.next_power_of_2(D))
     pre_m = 16 if INTERPRETED else 64
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
@@ -576,20 +803,26 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def launch(cfg):
-        m1, n1, m2, n2, warps, stages = cfg
+        m1, n1, m2, n2, warps, stages = cfg[:6]
         n_kv, n_q = triton.cdiv(Nk, n1), triton.cdiv(Nq, m2)
-        return _bwd_kernel_v2[(n_kv + n_q * group, B * Hkv)](
-            q, k, v, do, lse2, delta, dq, dk, dv, scale, scale * LOG2E, Nq, Nk, Hq, Hkv, group, n_kv, n_q,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-            *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2, CAUSAL=causal,
-            PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        args = (q, k, v, do, lse2, delta, dq, dk, dv, scale, scale * LOG2E, Nq, Nk, Hq, Hkv, group, n_kv, n_q,
+                *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+                *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3])
+        common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2,
+                      CAUSAL=causal, PAD_D=block_d != D, IEEE=q.dtype == torch.float32, TMA=tma)
+        if not split:
+            return _bwd_kernel_v2[(n_kv + n_q * group, B * Hkv)](*args, SIDE=0, num_warps=warps, num_stages=stages,
+                                                                   **common)
+        warps2, stages2 = cfg[6:8] if len(cfg) >= 8 else (warps, stages)
+        kern = _bwd_kernel_v2[(n_kv, B * Hkv)](*args, SIDE=1, num_warps=warps, num_stages=stages, **common)
+        _bwd_kernel_v2[(n_q * group, B * Hkv)](*args, SIDE=2, num_warps=warps2, num_stages=stages2, **common)
+        return kern
 
     global last_backward_kernel, last_backward_config
     if config is not None:
         candidates = [tuple(config)]
     else:
-        key = (D, q.dtype)
+        key = (D, q.dtype, tma, split)
         candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype))]
         candidates += [c for c in _BWD_FALLBACKS if c != candidates[0]]
     from triton.runtime.errors import OutOfResources
@@ -607,19 +840,23 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None):
         return dq, dk, dv
 
 
-BWD_IMPLS = ("v1", "v2")
+# v1: per-query-head dK/dV buffers; v2: one launch, GQA in the kernel; v3: v2 with TMA tile loads;
+# v4: v3 in two launches (dK/dV, then dQ), each side compiled alone with its own registers
+BWD_IMPLS = ("v1", "v2", "v3", "v4")
+DEFAULT_BWD_IMPL = "v2"
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float, impl: str = "v2"):
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, impl: str | None = None):
+    impl = impl or DEFAULT_BWD_IMPL
     if impl == "v1":
         return _backward_v1(q, k, v, o, lse, do, causal, scale)
-    return _backward_v2(q, k, v, o, lse, do, causal, scale)
+    return _backward_v2(q, k, v, o, lse, do, causal, scale, tma=impl in ("v3", "v4"), split=impl == "v4")
 
 
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, bwd_impl):
-        o, lse = _forward(q, k, v, causal, scale)
+    def forward(ctx, q, k, v, causal, scale, fwd_impl, bwd_impl):
+        o, lse = _forward(q, k, v, causal, scale, impl=fwd_impl)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.bwd_impl = causal, scale, bwd_impl
         return o, lse
@@ -628,28 +865,32 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.bwd_impl)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, return_lse: bool = False,
-                    bwd_impl: str = "v2"):
+                    fwd_impl: str | None = None, bwd_impl: str | None = None):
     """softmax(q k^T * scale) v without materializing the scores; differentiable in q, k and v.
 
-    ``bwd_impl`` picks the backward: "v2" (default; one launch, transposed tiles, GQA in the
-    kernel) or "v1" (the first version: per-query-head dK/dV buffers summed for GQA), kept so
-    that the benchmarks can compare them in one process.
+    ``fwd_impl`` / ``bwd_impl`` pick a version of the forward (FWD_IMPLS) and of the backward
+    (BWD_IMPLS); None takes the measured defaults, DEFAULT_FWD_IMPL and DEFAULT_BWD_IMPL. Every
+    version computes the same function; the old ones stay so that the benchmarks can compare them
+    in one process (chapter 6 lists what each one bought). The TMA versions need 16-byte aligned
+    rows and run the pointer version otherwise.
 
     bfloat16 in Triton's interpreter (no CUDA) is upcast to float32 for the computation and the
     result cast back to bfloat16, because the interpreter computes bf16 ``tl.dot`` wrongly
     (triton #11584). Compiled on a GPU, bf16 runs natively.
     """
     check_inputs(q, k, v)
-    if bwd_impl not in BWD_IMPLS:
+    if fwd_impl is not None and fwd_impl not in FWD_IMPLS:
+        raise ValueError(f"unknown fwd_impl {fwd_impl!r}; choose one of {FWD_IMPLS}")
+    if bwd_impl is not None and bwd_impl not in BWD_IMPLS:
         raise ValueError(f"unknown bwd_impl {bwd_impl!r}; choose one of {BWD_IMPLS}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if INTERPRETED and q.dtype == torch.bfloat16:
-        o, lse = _FlashAttention.apply(q.float(), k.float(), v.float(), bool(causal), scale, bwd_impl)
+        o, lse = _FlashAttention.apply(q.float(), k.float(), v.float(), bool(causal), scale, fwd_impl, bwd_impl)
         o = o.to(torch.bfloat16)
     else:
-        o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, bwd_impl)
+        o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, fwd_impl, bwd_impl)
     return (o, lse) if return_lse else o
