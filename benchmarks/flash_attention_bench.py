@@ -28,14 +28,17 @@ BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.C
 
 
 def provider_fn(name, q, k, v, causal):
-    if name == "minillm":
+    if name == "minillm":  # the defaults (DEFAULT_FWD_IMPL, the tuned tiles)
         return lambda: flash_attention(q, k, v, causal=causal)
+    if name.startswith("minillm_"):  # one forward version, e.g. minillm_v1
+        return lambda: flash_attention(q, k, v, causal=causal, fwd_impl=name.split("_", 1)[1])
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape; never fall back to eager
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, 256)
+        torch._functorch.config.donated_buffer = False  # see flash_attention_bwd_bench.py
         compiled = torch.compile(flex_attention)
         mask = None
         if causal:

@@ -1,4 +1,4 @@
-"""Backward v1 vs v2 of minillm's FlashAttention against SDPA (FA2, cuDNN) and flex_attention, one process.
+"""Backward versions (v1-v4) of minillm's FlashAttention against SDPA (FA2, cuDNN) and flex_attention, one process.
 
     python benchmarks/flash_attention_bwd_bench.py --out benchmarks/results/flash_attention_bwd_h200.json
 
@@ -9,7 +9,8 @@ count useful FLOPs: forward 4*B*H*N^2*D (x0.5 causal), backward 2.5x that, fwd+b
 
 Every minillm row also records its gradients' largest difference from cuDNN's (else FA2's), so a
 fast wrong kernel shows up as wrong. ``--sweep`` adds backward v2 tile configs at one point with the
-compiler's registers, spills and shared memory. Each row is written to --out as soon as it is
+compiler's registers, spills and shared memory, for each version in --sweep-impls (v4 configs carry a
+second (num_warps, num_stages) for its dQ launch). Each row is written to --out as soon as it is
 measured; a provider that fails is recorded with its error and the run goes on.
 """
 from __future__ import annotations
@@ -34,6 +35,11 @@ BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.C
 # configs with N1=128 at D=128 spill kilobytes (benchmarks/aot_resources.py), so they are left out.
 SWEEP = [(64, 128, 128, 64, 8, 3), (64, 128, 128, 64, 8, 2), (64, 128, 128, 64, 8, 4), (64, 64, 64, 64, 4, 3),
          (64, 64, 64, 64, 8, 3), (64, 128, 64, 64, 8, 3), (128, 128, 128, 128, 8, 2), (32, 64, 64, 32, 4, 3)]
+SWEEP_TMA = [(64, 128, 128, 64, 8, 3), (64, 128, 128, 64, 8, 4), (32, 128, 128, 64, 8, 3), (32, 64, 64, 32, 4, 3),
+             (64, 128, 128, 128, 8, 3), (32, 128, 128, 32, 8, 4)]
+SWEEP_SPLIT = [(64, 128, 128, 64, 8, 3, 8, 3), (64, 128, 128, 64, 8, 3, 4, 3), (32, 128, 128, 64, 8, 3, 8, 2),
+               (64, 128, 64, 64, 8, 3, 4, 3), (32, 64, 64, 64, 4, 3, 4, 3), (64, 128, 128, 128, 8, 4, 8, 2)]
+SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT}
 
 
 def forward_fn(name, causal, gqa):
@@ -47,6 +53,9 @@ def forward_fn(name, causal, gqa):
         for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape; never fall back to eager
             if hasattr(torch._dynamo.config, knob):
                 setattr(torch._dynamo.config, knob, 256)
+        # the backward-alone timing replays one graph (retain_graph=True), which a compiled backward with
+        # donated buffers refuses ("non-empty donated buffers"): turn donation off before compiling
+        torch._functorch.config.donated_buffer = False
         compiled = torch.compile(flex_attention)
         masks = {}
 
@@ -89,12 +98,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--points", nargs="+", default=["128:1024", "128:4096", "64:4096"], help="D:N pairs")
-    ap.add_argument("--providers", nargs="+", default=["minillm_v1", "minillm_v2", "sdpa_flash", "sdpa_cudnn"])
+    ap.add_argument("--providers", nargs="+", default=["minillm_v1", "minillm_v2", "minillm_v3", "minillm_v4",
+                                                          "sdpa_flash", "sdpa_cudnn"])
     ap.add_argument("--flex-points", nargs="*", default=["128:4096"], help="D:N pairs that also time flex")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = --heads")
-    ap.add_argument("--sweep", default="128:4096", help="D:N of the backward-v2 tile sweep ('' for none)")
+    ap.add_argument("--sweep", default="128:4096", help="D:N of the backward tile sweep ('' for none)")
+    ap.add_argument("--sweep-impls", nargs="+", default=["v2"], choices=list(SWEEPS))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_bwd_bench.py needs a CUDA GPU")
@@ -147,7 +158,7 @@ def main(argv=None):
                     ms_fb, ms_b = time_provider(fn, q, k, v, do)
                     row.update(ms_fwd_bwd=ms_fb, tflops_fwd_bwd=3.5 * fwd_flops / (ms_fb * 1e-3) / 1e12,
                                ms_bwd=ms_b, tflops_bwd=2.5 * fwd_flops / (ms_b * 1e-3) / 1e12)
-                    if name == "minillm_v2" and fa.last_backward_kernel is not None:
+                    if name in ("minillm_v2", "minillm_v3", "minillm_v4") and fa.last_backward_kernel is not None:
                         kern = fa.last_backward_kernel
                         row.update(config=fa.last_backward_config, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
                                    shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
@@ -167,38 +178,44 @@ def main(argv=None):
 
 
 def sweep(args, B, H, Hkv, save):
-    """Backward v2 alone for each SWEEP config at one (D, N): time, registers, spills, shared memory."""
+    """The backward alone for each sweep config of each version at one (D, N): time, registers, spills,
+    shared memory (of the dK/dV launch, for v4)."""
     d, n = map(int, args.sweep.split(":"))
-    print(f"\nbackward v2 tile sweep, D={d} N={n}: (M1, N1, M2, N2, warps, stages)", flush=True)
-    for causal in (False, True):
-        g = torch.Generator(device="cuda").manual_seed(1)
-        q = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(B, Hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        do = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        o, lse = fa._forward(q, k, v, causal, d ** -0.5)
-        want = fa._backward(q, k, v, o, lse, do, causal, d ** -0.5, "v1")
-        fwd_flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
-        for cfg in SWEEP:
-            row = {"D": d, "N": n, "causal": causal, "provider": "minillm_v2", "sweep": True, "config": cfg}
-            try:
-                got = fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg)
-                kern = fa.last_backward_kernel
-                row.update(max_abs_diff_vs_v1={f"d{x}": float((a.float() - b.float()).abs().max())
-                                               for x, a, b in zip("qkv", got, want)},
-                           regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
-                           shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
-                ms = median_ms(lambda: fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg),
-                               warmup=25, rep=150)
-                row.update(ms_bwd=ms, tflops_bwd=2.5 * fwd_flops / (ms * 1e-3) / 1e12)
-            except Exception as e:  # out of shared memory / registers for this tile shape: record, go on
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            save(row)
-            if "error" in row:
-                print(f"  causal={causal!s:5s} {cfg}  ERROR {row['error'][:80]}", flush=True)
-            else:
-                print(f"  causal={causal!s:5s} {cfg}  {row['ms_bwd']:7.3f} ms {row['tflops_bwd']:7.1f} TF/s  "
-                      f"regs {row['regs']} spills {row['spills']} smem {(row['shared_bytes'] or 0) / 1024:.0f} KiB"
-                      f"  diff vs v1 {max(row['max_abs_diff_vs_v1'].values()):.1e}", flush=True)
+    for impl in args.sweep_impls:
+        print(f"\nbackward {impl} tile sweep, D={d} N={n}: (M1, N1, M2, N2, warps, stages[, dQ warps, stages])",
+              flush=True)
+        for causal in (False, True):
+            g = torch.Generator(device="cuda").manual_seed(1)
+            q = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            k, v = (torch.randn(B, Hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+            do = torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+            o, lse = fa._forward(q, k, v, causal, d ** -0.5)
+            want = fa._backward(q, k, v, o, lse, do, causal, d ** -0.5, "v1")
+            fwd_flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
+            flags = {"tma": impl in ("v3", "v4"), "split": impl == "v4"}
+            for cfg in SWEEPS[impl]:
+                row = {"D": d, "N": n, "causal": causal, "provider": f"minillm_{impl}", "sweep": True, "config": cfg}
+                run = lambda: fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg, **flags)  # noqa: E731
+                try:
+                    got = run()
+                    kern = fa.last_backward_kernel
+                    row.update(max_abs_diff_vs_v1={f"d{x}": float((a.float() - b.float()).abs().max())
+                                                   for x, a, b in zip("qkv", got, want)},
+                               regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
+                               shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
+                    ms = median_ms(run, warmup=25, rep=150)
+                    row.update(ms_bwd=ms, tflops_bwd=2.5 * fwd_flops / (ms * 1e-3) / 1e12)
+                except Exception as e:  # out of shared memory / registers for this tile shape: record, go on
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                save(row)
+                if "error" in row:
+                    print(f"  causal={causal!s:5s} {cfg}  ERROR {row['error'][:80]}", flush=True)
+                else:
+                    print(f"  causal={causal!s:5s} {cfg}  {row['ms_bwd']:7.3f} ms {row['tflops_bwd']:7.1f} TF/s  "
+                          f"regs {row['regs']} spills {row['spills']} smem {(row['shared_bytes'] or 0) / 1024:.0f} KiB"
+                          f"  diff vs v1 {max(row['max_abs_diff_vs_v1'].values()):.1e}", flush=True)
+            del q, k, v, do, o, lse, want
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #                run(command="bash benchmarks/gpu_session.sh serving-tiny")   # chapter 8
 #                run(command="bash benchmarks/gpu_session.sh serving-1b")
 #                run(command="bash benchmarks/gpu_session.sh kernels2")      # issue 12: backward v2, paged study
+#                run(command="bash benchmarks/gpu_session.sh kernels3-sweep") # issue 12 round 2: versions x tiles
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -106,4 +107,12 @@ kernels2)  # issue 12, one device command (~9 min): compiled kernel tests, backw
     > "$OUT/paged_decode_study_h200.txt" 2>&1
   echo "paged study rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-160
   tail -2 "$OUT/paged_decode_study_h200.txt" | cut -c1-200 ;;
+kernels3-sweep)  # issue 12, second round: every forward/backward version x tiles (each checked against cuDNN / v1)
+  timeout 340 python3 benchmarks/flash_attention_tune.py --impls v1 v2 v3 v4 v5 --seq-lens 1024 4096 \
+    --out "$OUT/flash_attention_tune_h200.json" > "$OUT/flash_attention_tune_h200.txt" 2>&1
+  echo "tune rc=$?"; grep -E "^D=|ERROR|Error|WRONG" "$OUT/flash_attention_tune_h200.txt" | cut -c1-220 | head -40
+  timeout 230 python3 benchmarks/flash_attention_bwd_bench.py --providers minillm_v2 minillm_v3 minillm_v4 sdpa_flash \
+    sdpa_cudnn --points 128:4096 64:4096 --flex-points 128:4096 64:4096 --sweep 128:4096 --sweep-impls v3 v4 \
+    --out "$OUT/flash_attention_bwd_sweep_h200.json" > "$OUT/flash_attention_bwd_sweep_h200.txt" 2>&1
+  echo "bwd rc=$?"; cut -c1-170 "$OUT/flash_attention_bwd_sweep_h200.txt" | tail -50 ;;
 esac
