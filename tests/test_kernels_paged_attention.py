@@ -254,7 +254,7 @@ def test_paged_attention_kernel_gpu_ticket_merge_under_concurrency_and_graph_rep
         want = paged_attention(*args, num_splits=splits, merge="launch", validate=False).float()
         for _ in range(20):
             got = paged_attention(*args, num_splits=splits, merge="ticket", validate=False).float()
-            torch.testing.assert_close(got, want, atol=1e-2, rtol=0)
+            torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
         graph = torch.cuda.CUDAGraph()
         paged_attention(*args, num_splits=splits, merge="ticket", validate=False)  # warm up (compile) outside
         torch.cuda.synchronize()
@@ -264,5 +264,5 @@ def test_paged_attention_kernel_gpu_ticket_merge_under_concurrency_and_graph_rep
             out.zero_()
             graph.replay()
             torch.cuda.synchronize()
-            torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=0)
+            torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
     assert not pa._tickets[args[0].device][-1].any()
