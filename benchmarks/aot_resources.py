@@ -2,6 +2,7 @@
 
     python benchmarks/aot_resources.py                  # backward v2 table configs and the sweep, bf16
     python benchmarks/aot_resources.py --kernel paged   # the paged decode kernel per (num_warps, num_stages)
+    python benchmarks/aot_resources.py --kernel paged --merge ticket   # ... merging in the last program
 
 Triton compiles ahead of time for any target (its wheel ships ptxas and cuobjdump), so registers,
 spills (the stack frame ptxas had to use) and shared memory can be read without a device; they
@@ -110,9 +111,11 @@ def paged(args):
     types = {n: "i32" for n in kern.arg_names}
     types.update({n: "*bf16" for n in ("Q", "KC", "VC")})
     types.update({n: "*fp32" for n in ("M_OUT", "L_OUT", "O_OUT")})
-    types.update(TABLE="*i32", LENS="*i32", qk_scale="fp32")
-    consts = dict(HEAD_DIM=128, BLOCK_D=128, GROUP_PAD=16, TILE=64, IEEE=False)  # bf16, GQA 32/8, D=128
-    print(f"{'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack B':>8s} {'smem KiB':>8s}")
+    types.update(TABLE="*i32", LENS="*i32", qk_scale="fp32", OUT="*bf16", TICKETS="*i32")
+    # bf16, GQA 32/8, D=128, block size 16, 4 splits (B=16 on an H200); merge "launch" or "ticket"
+    consts = dict(BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP_PAD=16, TILE=64, IEEE=False, SPLITS_PAD=4,
+                  DIRECT=False, TICKET=args.merge == "ticket")
+    print(f"merge={args.merge}\n{'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack B':>8s} {'smem KiB':>8s}")
     for w in (2, 4, 8):
         for s in (1, 2, 3, 4):
             r = compile_sm90(kern, types, consts, w, s)
@@ -123,6 +126,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=["backward", "paged"], default="backward")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
     args = ap.parse_args(argv)
     backward(args) if args.kernel == "backward" else paged(args)
 

@@ -46,6 +46,36 @@ def to_pages(t, table, bs):
     return pool
 
 
+def tbps(kv_bytes: int, ms: float) -> float:
+    """Bytes of K and V read per call / time, in TB/s."""
+    return kv_bytes / (ms * 1e-3) / 1e12
+
+
+def decode_case(B: int, L: int, hq: int, hkv: int, d: int):
+    """Random bf16 q (B, Hq, D) and contiguous k, v (B, Hkv, L, D), and the attention output from SDPA (fp32)."""
+    q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, hkv, L, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]):
+        want = sdpa(q[:, :, None], k, v, enable_gqa=True)[:, :, 0].float()
+    return q, k, v, want
+
+
+def time_sdpa(q, k, v, kv_bytes: int):
+    """(provider, ms, timing, tbps, error) for each SDPA backend in BACKENDS on the contiguous cache."""
+    for name, backend in BACKENDS.items():
+        def run(backend=backend):
+            with sdpa_kernel(backend):
+                return sdpa(q[:, :, None], k, v, enable_gqa=True)
+        try:
+            ms, how = bench_ms(run)
+        except Exception as e:  # a backend that rejects the shape: record it
+            yield name, None, None, None, f"{type(e).__name__}: {str(e)[:160]}"
+            continue
+        yield name, ms, how, tbps(kv_bytes, ms), None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -70,12 +100,7 @@ def main(argv=None):
             kv_bytes = 2 * B * L * hkv * d * 2
             if kv_bytes * 2.2 > args.mem_limit_gib * 2**30:  # paged pool + contiguous copy
                 continue
-            q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, hkv, L, d, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                              SDPBackend.MATH]):
-                want = sdpa(q[:, :, None], k, v, enable_gqa=True)[:, :, 0].float()
+            q, k, v, want = decode_case(B, L, hq, hkv, d)
             for bs in args.block_sizes:
                 nb = L // bs
                 perm = torch.randperm(B * nb, device="cuda").to(torch.int32)  # scattered physical blocks
@@ -87,7 +112,7 @@ def main(argv=None):
                 diff = float((got - want).abs().max())
                 ms, how = bench_ms(lambda: paged_attention(q, kc, vc, table, lens, validate=False))
                 rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", "ms": ms, "timing": how,
-                             "tbps": kv_bytes / (ms * 1e-3) / 1e12, "max_abs_diff_vs_sdpa": diff})
+                             "tbps": tbps(kv_bytes, ms), "max_abs_diff_vs_sdpa": diff})
                 print(f"{B:4d} {L:7d} {bs:5d} {'minillm':12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}  diff {diff:.1e}",
                       flush=True)
                 sweeps = []
@@ -98,21 +123,13 @@ def main(argv=None):
                 for knob in sweeps:
                     ms, how = bench_ms(lambda: paged_attention(q, kc, vc, table, lens, validate=False, **knob))
                     rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", **knob, "sweep": True,
-                                 "ms": ms, "timing": how, "tbps": kv_bytes / (ms * 1e-3) / 1e12})
+                                 "ms": ms, "timing": how, "tbps": tbps(kv_bytes, ms)})
                     name = "  " + ",".join(f"{k}={v}" for k, v in knob.items())
                     print(f"{B:4d} {L:7d} {bs:5d} {name:12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}", flush=True)
                 del kc, vc
-            for name, backend in BACKENDS.items():
-                try:
-                    def run():
-                        with sdpa_kernel(backend):
-                            return sdpa(q[:, :, None], k, v, enable_gqa=True)
-                    ms, how = bench_ms(run)
-                    row = {"B": B, "L": L, "block_size": None, "provider": name, "ms": ms, "timing": how,
-                           "tbps": kv_bytes / (ms * 1e-3) / 1e12}
-                except Exception as e:  # a backend that rejects the shape: record it
-                    row = {"B": B, "L": L, "block_size": None, "provider": name, "ms": None, "tbps": None,
-                           "error": f"{type(e).__name__}: {str(e)[:160]}"}
+            for name, ms, how, tb, err in time_sdpa(q, k, v, kv_bytes):
+                row = {"B": B, "L": L, "block_size": None, "provider": name, "ms": ms, "tbps": tb}
+                row.update({"timing": how} if err is None else {"error": err})
                 rows.append(row)
                 print(f"{B:4d} {L:7d} {'-':>5s} {name:12s} {row['ms'] or float('nan'):8.3f} {row['tbps'] or float('nan'):6.2f}",
                       flush=True)

@@ -1,20 +1,36 @@
 """Where the paged decode kernel loses time against SDPA on a contiguous cache: a measurement script.
 
     python benchmarks/paged_decode_study.py --out benchmarks/results/paged_decode_study_h200.json
+    python benchmarks/paged_decode_study.py --parts merge sdpa --batches 1 16 --lengths 1024 4096   # a short run
 
-bf16, GQA 32/8, D=128, B in {1, 16, 64}, L in {1K, 4K, 16K}, block size 16. Four parts, one JSON:
+bf16, GQA 32/8, D=128, B in {1, 16, 64}, L in {1K, 4K, 16K}, block size 16. Five parts (``--parts``,
+default all), one JSON:
 
 * ``table``: the same kernel, the same data, with the blocks in order (block i of sequence b at
-  physical block b * nb + i) against scattered at random: what the indirection costs.
+  physical block b * nb + i) against scattered at random: what the indirection costs. Default launch
+  configuration (``decode_config``) and merge (``DEFAULT_MERGE``).
 * ``resources``: the compiled decode kernel's registers, spills and shared memory for each
-  (num_warps, num_stages), and from them how many programs fit on one SM (shared memory, registers,
-  warps), set against the grid ``default_splits`` builds, which assumes about 4 programs per SM.
-* ``sweep``: num_warps x num_stages at every (B, L), scattered table.
+  (num_warps, num_stages, variant), and from them how many programs fit on one SM (shared memory,
+  registers, warps), set against the grid ``default_splits`` builds, which assumes about 4 programs
+  per SM. The variant is ``direct`` (one split: the program writes the output), ``launch`` or
+  ``ticket`` (the merge compiled in). Without ``sweep`` each --warps x --stages config is run once,
+  untimed, to compile it.
+* ``sweep``: num_warps x num_stages at every (B, L), scattered table, default merge.
+* ``merge``: merge="launch" (a second kernel) against merge="ticket" (the last program of each
+  (sequence, KV head) merges), scattered table, for the default configuration and, where the sweep
+  ran in the same invocation, for the best sweep configuration at that (B, L). Where the default
+  splits are 1 both are the same direct write.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
 
 ``tbps`` is bytes of K and V read per call / time (2 * B * L * Hkv * D * 2 bytes), in TB/s. Times
 are CUDA-graph replays (do_bench_cudagraph, median). Each row is written to --out as it is measured;
-a config that fails to compile or launch is recorded with its error and skipped.
+a config that fails to compile or launch is recorded with its error and skipped. ``num_warps`` /
+``num_stages`` of None in a row mean the default (``decode_config``); ``config`` holds what it resolved to.
+
+The console ends with one summary line per (B, L): the default splits; the table part (default config,
+scattered and in order); the best sweep config; the merge part: launch and ticket, both at the config
+where ticket was fastest; the best SDPA backend; and the ratios default-scattered / SDPA and best
+minillm row of any part / SDPA.
 """
 from __future__ import annotations
 
@@ -30,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpreter vs compiled)
 
 from _common import run_meta  # noqa: E402
-from paged_attention_bench import BACKENDS, bench_ms, to_pages  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
+from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
+
+PARTS = ("table", "resources", "sweep", "merge", "sdpa")
 
 
 def sm_limits(device=0) -> dict:
@@ -58,9 +74,16 @@ def programs_per_sm(lim: dict, regs: int | None, shared: int | None, warps: int)
     return {"fit": by[limiter], "limited_by": limiter, "by": by}
 
 
+def best(rows, B, L, pred):
+    """The fastest measured row at (B, L) that pred accepts, or None."""
+    at = [r for r in rows if r.get("B") == B and r.get("L") == L and r.get("tbps") and pred(r)]
+    return max(at, key=lambda r: r["tbps"], default=None)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (default: all)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--block-size", type=int, default=16)
@@ -69,9 +92,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("paged_decode_study.py needs a CUDA GPU")
+    parts = set(args.parts)
     hq, hkv, d, bs = 32, 8, 128, args.block_size
     lim = sm_limits()
-    meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, block_size=bs, sm_limits=lim,
+    meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, block_size=bs, sm_limits=lim, parts=args.parts,
+                    default_merge=pa.DEFAULT_MERGE,
                     tbps="bytes of K and V read per call / time, TB/s",
                     timing="triton.testing.do_bench_cudagraph, median of CUDA-graph replays (per-row 'timing' says if not)")
     rows = []
@@ -82,91 +107,126 @@ def main(argv=None):
             with open(args.out, "w") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
 
-    fits = {}  # (num_warps, num_stages) -> programs per SM
+    fits = {}  # (num_warps, num_stages, variant) as compiled -> programs per SM
+
+    def note_resources(warps, stages, variant):
+        """Programs per SM of the kernel the latest call compiled; a resources row the first time it is seen."""
+        key = (warps, stages, variant)
+        kern = pa.last_decode_kernel
+        if key not in fits and kern is not None:
+            regs, spills = getattr(kern, "n_regs", None), getattr(kern, "n_spills", None)
+            shared = getattr(getattr(kern, "metadata", None), "shared", None)
+            occ = programs_per_sm(lim, regs, shared, warps)
+            fits[key] = occ["fit"]
+            if "resources" in parts:
+                save({"part": "resources", "num_warps": warps, "num_stages": stages, "variant": variant, "regs": regs,
+                      "spills": spills, "shared_bytes": shared, "programs_per_sm": occ})
+                print(f"resources warps={warps} stages={stages} {variant}: regs {regs} spills {spills} "
+                      f"smem {(shared or 0) / 1024:.1f} KiB -> {occ['fit']} programs/SM ({occ['limited_by']})",
+                      flush=True)
+        return fits.get(key)
+
     for B in args.batches:
         for L in args.lengths:
             kv_bytes = 2 * B * L * hkv * d * 2
-            q = torch.randn(B, hq, d, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(B, hkv, L, d, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                              SDPBackend.MATH]):
-                want = sdpa(q[:, :, None], k, v, enable_gqa=True)[:, :, 0].float()
-            lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
+            q, k, v, want = decode_case(B, L, hq, hkv, d)
+            lens = torch.full((B,), L, device=q.device, dtype=torch.int32)
             nb = L // bs
             splits = pa.default_splits(B, hkv, nb * bs, q.device)
-            base = {"B": B, "L": L, "block_size": bs, "default_splits": splits,
-                    "grid_programs": B * hkv * splits}
-            tables = {"in_order": torch.arange(B * nb, device="cuda", dtype=torch.int32).view(B, nb),
-                      "scattered": torch.randperm(B * nb, device="cuda").to(torch.int32).view(B, nb)}
-            for tname, table in tables.items():
-                kc, vc = (to_pages(t, table, bs) for t in (k, v))
-                configs = [(None, None)]
-                if tname == "scattered":
-                    configs += [(w, s) for w in args.warps for s in args.stages]
-                for warps, stages in configs:
-                    part = "table" if warps is None else "sweep"
-                    row = {**base, "part": part, "table": tname, "num_warps": warps, "num_stages": stages}
-                    try:
-                        got = pa.paged_attention(q, kc, vc, table, lens, validate=False, num_warps=warps,
-                                                 num_stages=stages).float()
-                        row["max_abs_diff_vs_sdpa"] = float((got - want).abs().max())
-                        kern = pa.last_decode_kernel
-                        key = (warps, stages)
-                        if key not in fits and kern is not None:
-                            regs, spills = getattr(kern, "n_regs", None), getattr(kern, "n_spills", None)
-                            shared = getattr(getattr(kern, "metadata", None), "shared", None)
-                            w = warps or 4
-                            occ = programs_per_sm(lim, regs, shared, w)
-                            res = {"part": "resources", "num_warps": w, "num_stages": stages, "regs": regs,
-                                   "spills": spills, "shared_bytes": shared, "programs_per_sm": occ}
-                            fits[key] = occ["fit"]
-                            save(res)
-                            print(f"resources warps={w} stages={stages}: regs {regs} spills {spills} "
-                                  f"smem {(shared or 0) / 1024:.1f} KiB -> {occ['fit']} programs/SM "
-                                  f"({occ['limited_by']})", flush=True)
-                        ms, how = bench_ms(lambda: pa.paged_attention(q, kc, vc, table, lens, validate=False,
-                                                                      num_warps=warps, num_stages=stages))
-                        row.update(ms=ms, timing=how, tbps=kv_bytes / (ms * 1e-3) / 1e12)
-                        if fits.get(key):  # programs / (programs resident at once on all SMs)
-                            row["waves"] = base["grid_programs"] / (fits[key] * lim["sms"])
-                    except Exception as e:  # a config that does not compile / fit: record, go on
-                        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                    save(row)
-                    shown = (f"{row['ms']:8.4f} ms {row['tbps']:5.2f} TB/s diff {row['max_abs_diff_vs_sdpa']:.1e}"
-                             if "ms" in row else "ERROR " + row["error"][:80])
-                    print(f"B={B:3d} L={L:6d} {tname:9s} warps={warps} stages={stages}: {shown}", flush=True)
-                del kc, vc
-            for name, backend in BACKENDS.items():
-                row = {**base, "part": "sdpa", "provider": name}
+            default_cfg = pa.decode_config(B, hkv, nb * bs)
+            base = {"B": B, "L": L, "block_size": bs, "default_splits": splits, "grid_programs": B * hkv * splits}
+
+            def variant(merge):
+                return "direct" if splits == 1 else (merge or pa.DEFAULT_MERGE)
+
+            def measure(row, kc, vc, table, warps, stages, merge):
+                """Check one configuration against SDPA, time it, save the row."""
+                cfg = (warps if warps is not None else default_cfg[0], stages if stages is not None else default_cfg[1])
+                row["config"] = list(cfg)
+
+                def call():
+                    return pa.paged_attention(q, kc, vc, table, lens, validate=False, num_warps=warps,
+                                              num_stages=stages, merge=merge)
                 try:
-                    def run():
-                        with sdpa_kernel(backend):
-                            return sdpa(q[:, :, None], k, v, enable_gqa=True)
-                    ms, how = bench_ms(run)
-                    row.update(ms=ms, timing=how, tbps=kv_bytes / (ms * 1e-3) / 1e12)
-                except Exception as e:
+                    row["max_abs_diff_vs_sdpa"] = float((call().float() - want).abs().max())
+                    fit = note_resources(*cfg, variant(merge))
+                    ms, how = bench_ms(call)
+                    row.update(ms=ms, timing=how, tbps=tbps(kv_bytes, ms))
+                    if fit:  # programs / (programs resident at once on all SMs)
+                        row["waves"] = base["grid_programs"] / (fit * lim["sms"])
+                except Exception as e:  # a config that does not compile / fit: record, go on
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 save(row)
-                print(f"B={B:3d} L={L:6d} {name:12s}: " + (f"{row['ms']:8.4f} ms {row['tbps']:5.2f} TB/s"
-                                                          if "ms" in row else "ERROR " + row["error"][:80]), flush=True)
-            del q, k, v
+                shown = (f"{row['ms']:8.4f} ms {row['tbps']:5.2f} TB/s diff {row['max_abs_diff_vs_sdpa']:.1e}"
+                         if "ms" in row else "ERROR " + row["error"][:80])
+                print(f"B={B:3d} L={L:6d} {row['part']:6s} {row.get('table', ''):9s} warps={warps} stages={stages} "
+                      f"merge={merge or pa.DEFAULT_MERGE}: {shown}", flush=True)
+
+            tables = {}
+            if parts & {"table", "resources", "sweep", "merge"}:
+                tables["scattered"] = torch.randperm(B * nb, device=q.device).to(torch.int32).view(B, nb)
+            if "table" in parts:
+                tables["in_order"] = torch.arange(B * nb, device=q.device, dtype=torch.int32).view(B, nb)
+            for tname, table in tables.items():
+                kc, vc = (to_pages(t, table, bs) for t in (k, v))
+                if "table" in parts:
+                    measure({**base, "part": "table", "table": tname, "num_warps": None, "num_stages": None,
+                             "merge": pa.DEFAULT_MERGE}, kc, vc, table, None, None, None)
+                if tname != "scattered":
+                    del kc, vc
+                    continue
+                grid = [(w, s) for w in args.warps for s in args.stages]
+                if "sweep" in parts:
+                    for w, s in grid:
+                        measure({**base, "part": "sweep", "table": tname, "num_warps": w, "num_stages": s,
+                                 "merge": pa.DEFAULT_MERGE}, kc, vc, table, w, s, None)
+                elif "resources" in parts:  # compile each config once (untimed) to read its resources
+                    for w, s in grid:
+                        try:
+                            pa.paged_attention(q, kc, vc, table, lens, validate=False, num_warps=w, num_stages=s)
+                            note_resources(w, s, variant(pa.DEFAULT_MERGE))
+                        except Exception as e:
+                            print(f"resources warps={w} stages={s}: ERROR {type(e).__name__}: {str(e)[:80]}",
+                                  flush=True)
+                if "merge" in parts:
+                    configs = {tuple(default_cfg): ("default", None, None)}
+                    sw = best(rows, B, L, lambda r: r["part"] == "sweep")
+                    if sw:
+                        configs.setdefault(tuple(sw["config"]), ("best_sweep", sw["num_warps"], sw["num_stages"]))
+                    for label, w, s in configs.values():
+                        for merge in ("launch", "ticket"):
+                            measure({**base, "part": "merge", "table": tname, "num_warps": w, "num_stages": s,
+                                     "merge": merge, "merge_config": label}, kc, vc, table, w, s, merge)
+                del kc, vc
+            if "sdpa" in parts:
+                for name, ms, how, tb, err in time_sdpa(q, k, v, kv_bytes):
+                    row = {**base, "part": "sdpa", "provider": name}
+                    row.update({"ms": ms, "timing": how, "tbps": tb} if err is None else {"error": err})
+                    save(row)
+                    print(f"B={B:3d} L={L:6d} {name:12s}: " + (f"{ms:8.4f} ms {tb:5.2f} TB/s" if err is None
+                                                              else "ERROR " + err[:80]), flush=True)
+            del q, k, v, want
             torch.cuda.empty_cache()
-    # one summary line per (B, L): minillm default (scattered / in order), best sweep, best SDPA
-    print("\nsummary (TB/s): B L | scattered in_order best_sweep(config) | best_sdpa | ratio", flush=True)
+    # one summary line per (B, L): minillm default (scattered / in order), best sweep, the merges, best SDPA
+    print("\nsummary (TB/s): B L splits | table: scattered in_order | best_sweep(config) | merge: launch ticket(config) "
+          "| best_sdpa | ratios: default/sdpa best/sdpa", flush=True)
+    f = lambda r: f"{r['tbps']:.2f}" if r else "-"  # noqa: E731
+    cfg = lambda r: f"({r['config'][0]},{r['config'][1]})" if r else ""  # noqa: E731
     for B in args.batches:
         for L in args.lengths:
-            at = [r for r in rows if r.get("B") == B and r.get("L") == L and r.get("tbps")]
-            get = lambda pred: max((r for r in at if pred(r)), key=lambda r: r["tbps"], default=None)  # noqa: E731
-            sc = get(lambda r: r["part"] == "table" and r["table"] == "scattered")
-            io = get(lambda r: r["part"] == "table" and r["table"] == "in_order")
-            sw = get(lambda r: r["part"] == "sweep")
-            sd = get(lambda r: r["part"] == "sdpa")
-            f = lambda r: f"{r['tbps']:.2f}" if r else "-"  # noqa: E731
+            sc = best(rows, B, L, lambda r: r["part"] == "table" and r["table"] == "scattered")
+            io = best(rows, B, L, lambda r: r["part"] == "table" and r["table"] == "in_order")
+            sw = best(rows, B, L, lambda r: r["part"] == "sweep")
+            tk = best(rows, B, L, lambda r: r["part"] == "merge" and r["merge"] == "ticket")
+            ln = best(rows, B, L, lambda r: r["part"] == "merge" and r["merge"] == "launch"
+                      and tk is not None and r["config"] == tk["config"])  # launch at the ticket's best config
+            sd = best(rows, B, L, lambda r: r["part"] == "sdpa")
+            mine = best(rows, B, L, lambda r: r["part"] in ("table", "sweep", "merge"))
+            splits = next((r["default_splits"] for r in rows if r.get("B") == B and r.get("L") == L), "-")
             ratio = f"{sc['tbps'] / sd['tbps']:.2f}" if sc and sd else "-"
-            cfg = f"({sw['num_warps']},{sw['num_stages']})" if sw else ""
-            print(f"{B:3d} {L:6d} | {f(sc)} {f(io)} {f(sw)}{cfg} | {f(sd)} {sd['provider'] if sd else ''} | {ratio}",
-                  flush=True)
+            ratio_best = f"{mine['tbps'] / sd['tbps']:.2f}" if mine and sd else "-"
+            print(f"{B:3d} {L:6d} {splits!s:>3s} | {f(sc)} {f(io)} | {f(sw)}{cfg(sw)} | {f(ln)} {f(tk)}{cfg(tk)} | "
+                  f"{f(sd)} {sd['provider'] if sd else ''} | {ratio} {ratio_best}", flush=True)
 
 
 if __name__ == "__main__":

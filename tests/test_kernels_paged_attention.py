@@ -5,6 +5,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
 
+from minillm.kernels import INTERPRETED  # noqa: E402
+from minillm.kernels import paged_attention as pa  # noqa: E402
 from minillm.kernels.paged_attention import paged_attention  # noqa: E402
 from minillm.paged.attention import gather_kv, paged_attention as paged_reference  # noqa: E402
 
@@ -143,3 +145,124 @@ def test_paged_attention_kernel_launch_knobs_keep_results(num_warps, num_stages,
 def test_paged_attention_kernel_rejects_bad_launch_knobs(knob, rng):
     with pytest.raises(ValueError, match=next(iter(knob))):
         paged_attention(*to_torch(random_paged(rng), torch.float32), **knob)
+
+
+def both_merges(args, **knobs):
+    """(ticket, launch) outputs of one call each, as NumPy arrays."""
+    return tuple(paged_attention(*args, merge=mode, **knobs).double().cpu().numpy() for mode in ("ticket", "launch"))
+
+
+def assert_same_merge(ticket, launch):
+    """In the interpreter both merges run the same operations on the same partials: equal bits."""
+    if INTERPRETED:
+        np.testing.assert_array_equal(ticket, launch)
+    else:
+        np.testing.assert_allclose(ticket, launch, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1)])
+def test_paged_attention_kernel_ticket_merge_matches_reference_and_launch(num_splits, hq, hkv, rng):
+    """64 splits over at most 60 tokens: most splits are empty; 1 split: the program writes the output."""
+    arrays = random_paged(rng, Hq=hq, Hkv=hkv, D=24, block_size=16, lens=(1, 60, 23), num_blocks=12)
+    ticket, launch = both_merges(to_torch(arrays, torch.float32), num_splits=num_splits)
+    np.testing.assert_allclose(ticket, paged_reference(*arrays), atol=2e-5)
+    assert_same_merge(ticket, launch)
+
+
+@pytest.mark.parametrize("block_size", [1, 12, 16, 1024])
+@pytest.mark.parametrize("d", [13, 40])
+def test_paged_attention_kernel_ticket_merge_any_block_size_and_head_dim(block_size, d, rng):
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=d, block_size=block_size, lens=(2, 45, 30),
+                          num_blocks=-(-100 // block_size) + 4)
+    ticket, launch = both_merges(to_torch(arrays, torch.float32), num_splits=3)
+    np.testing.assert_allclose(ticket, paged_reference(*arrays), atol=2e-5)
+    assert_same_merge(ticket, launch)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_paged_attention_kernel_ticket_merge_low_precision(dtype, rng):
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=16, lens=(5, 70), B=2, num_blocks=12)
+    ticket, launch = both_merges(to_torch(arrays, dtype), num_splits=4)
+    q, kc, vc, table, lens = arrays
+    as_dtype = [torch.from_numpy(t).to(dtype).double().numpy() for t in (q, kc, vc)]
+    np.testing.assert_allclose(ticket, paged_reference(*as_dtype, table, lens), atol=3 * TOL[dtype])
+    assert_same_merge(ticket, launch)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_paged_attention_kernel_empty_sequences_give_nan_in_both_merges(num_splits, rng):
+    """seq_len 0 (only without the host check): 0 / 0 in every merge, and the other rows are untouched."""
+    q, kc, vc, table, lens = random_paged(rng, B=4, lens=(0, 17, 0, 40), num_blocks=12)
+    args = to_torch((q, kc, vc, table, lens), torch.float32)
+    ticket, launch = both_merges(args, num_splits=num_splits, validate=False)
+    for got in (ticket, launch):
+        assert np.isnan(got[[0, 2]]).all()
+        keep = [1, 3]
+        np.testing.assert_allclose(got[keep], paged_reference(q[keep], kc, vc, table[keep], lens[keep]), atol=2e-5)
+
+
+def test_paged_attention_kernel_ticket_counters_reset_for_the_next_call(rng):
+    """The last program zeroes its counter: a second call on the same buffer draws its tickets from 0 again."""
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=16, block_size=8, lens=(9, 50, 31), num_blocks=20)
+    args = to_torch(arrays, torch.float32)
+    first = paged_attention(*args, num_splits=4, merge="ticket")
+    counters = pa._tickets[args[0].device][-1]
+    assert not counters.any()
+    q2 = rng.normal(size=arrays[0].shape).astype(np.float32)
+    args[0] = torch.from_numpy(q2).to(DEVICE)
+    second = paged_attention(*args, num_splits=4, merge="ticket")
+    assert pa._tickets[args[0].device][-1] is counters and not counters.any()
+    np.testing.assert_allclose(first.cpu().numpy(), paged_reference(*arrays), atol=2e-5)
+    np.testing.assert_allclose(second.cpu().numpy(), paged_reference(q2, *arrays[1:]), atol=2e-5)
+
+
+def test_paged_attention_kernel_ticket_counters_grow_and_keep_the_old_buffer(rng, monkeypatch):
+    """B * Hkv past the buffer: a bigger zeroed one; the old one stays alive (a CUDA graph may still use it)."""
+    arrays = random_paged(rng, Hq=4, Hkv=2, D=16, lens=(3, 33, 20), num_blocks=10)
+    args = to_torch(arrays, torch.float32)
+    small = torch.zeros(2, device=DEVICE, dtype=torch.int32)
+    monkeypatch.setattr(pa, "_tickets", {args[0].device: [small]})
+    got = paged_attention(*args, num_splits=3, merge="ticket")
+    bufs = pa._tickets[args[0].device]
+    assert bufs[0] is small and len(bufs) == 2 and bufs[1].numel() >= 3 * 2 and not bufs[1].any()
+    np.testing.assert_allclose(got.cpu().numpy(), paged_reference(*arrays), atol=2e-5)
+
+
+def test_paged_attention_kernel_rejects_bad_merge(rng):
+    with pytest.raises(ValueError, match="merge"):
+        paged_attention(*to_torch(random_paged(rng), torch.float32), merge="atomic")
+
+
+def test_decode_config_entries_from_the_h200_sweep():
+    assert pa.decode_config(1, 8, 4096) == (4, 1)
+    assert pa.decode_config(1, 8, 16384) == (4, None)  # not in the measured exceptions: the old default
+    assert pa.decode_config(4, 8, 1024) == (4, None)
+    assert pa.decode_config(16, 8, 4096) == (4, 2)
+    assert pa.decode_config(16, 8, 16384) == (2, 2)
+    assert pa.decode_config(64, 8, 4096) == (2, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_paged_attention_kernel_gpu_ticket_merge_under_concurrency_and_graph_replay(rng):
+    """The interpreter runs programs one after another, so only a GPU shows a race between the splits of a
+    group: many splits, many calls, and CUDA-graph replays must all agree with the second-launch merge."""
+    arrays = random_paged(rng, B=4, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 700, 3000, 2049), num_blocks=400)
+    args = to_torch(arrays, torch.bfloat16)
+    for splits in (2, 16, 64):
+        want = paged_attention(*args, num_splits=splits, merge="launch", validate=False).float()
+        for _ in range(20):
+            got = paged_attention(*args, num_splits=splits, merge="ticket", validate=False).float()
+            torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+        graph = torch.cuda.CUDAGraph()
+        paged_attention(*args, num_splits=splits, merge="ticket", validate=False)  # warm up (compile) outside
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            out = paged_attention(*args, num_splits=splits, merge="ticket", validate=False)
+        for _ in range(5):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
+    assert not pa._tickets[args[0].device][-1].any()

@@ -171,8 +171,8 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
               "before changing anything, take new blocks at block boundaries, write K/V, update seq_lens"),
          Part("kernels/paged_attention.py", "_paged_decode_kernel",
               "one program per (sequence, KV head, split): walk its tokens in TILE steps, find each token's "
-              "physical block in the table, keep a running (m, l, acc) for the query heads of the group, "
-              "store the unnormalized partial")),
+              "physical block in the table, keep a running (m, l, acc) for the query heads of the group "
+              "(m in log2 units) and leave it in m, l, acc for _finish_split below, which stores or merges it")),
         (5, 8),
         "The allocator keeps its invariants under random operation sequences, forks copy exactly one block "
         "on write, and the kernel matches the NumPy paged reference.",

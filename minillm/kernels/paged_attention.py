@@ -8,8 +8,11 @@ contiguous slice of its tokens. It loads every key and value of that slice ONCE 
 uses it for the whole group of query heads that share the KV head (GQA), walking
 the slice in TILE-token steps: for each token the physical block comes from the
 block table, so any block size works (TILE may span several small blocks). It keeps
-a running (m, l, acc) and writes an unnormalized partial. A second step merges the
-partials of all splits through their log-sum-exp -- the merge of chapter 5.
+a running (m, l, acc) and writes an unnormalized partial. The partials of all splits
+are then merged through their log-sum-exp -- the merge of chapter 5 -- in one of two
+ways (``merge=``): a second launch (``"launch"``), or by the last program of each
+(sequence, KV head) to finish, found with an atomic ticket (``"ticket"``). With a single
+split the one program normalizes and writes the output itself.
 
 Splitting a long sequence across programs is what keeps the GPU busy at small
 batch: with B * Hkv programs alone, a batch of one would use a handful of SMs.
@@ -26,14 +29,18 @@ from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MERGES = ("launch", "ticket")
+DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says; the GPU sweep decides the default
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
+_tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
 
 
 @triton.jit
-def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, split_len,
+def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKETS, qk_scale, split_len,
                          sqb, sqh, skb, sks, skh, svb, svs, svh, stb, max_blocks, num_splits,
-                         Hq, GROUP, BLOCK_SIZE, num_blocks, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr):
+                         Hq, Hkv, GROUP, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
+                         SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr):
     # BEGIN SOLUTION
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -77,28 +84,75 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, qk_scale, 
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    row = (b * Hq + heads) * num_splits + split
-    tl.store(M_OUT + row, m, mask=gmask)
-    tl.store(L_OUT + row, l, mask=gmask)
-    tl.store(O_OUT + row[:, None] * BLOCK_D + dims[None, :], acc, mask=gmask[:, None])
     # END SOLUTION
+    _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, TICKETS, Hq, Hkv, GROUP, num_splits, HEAD_DIM=HEAD_DIM,
+                  BLOCK_D=BLOCK_D, GROUP_PAD=GROUP_PAD, SPLITS_PAD=SPLITS_PAD, DIRECT=DIRECT, TICKET=TICKET)
+
+
+@triton.jit
+def _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, TICKETS, Hq, Hkv, GROUP, num_splits,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr,
+                  SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr):
+    """What a program does with its (m, l, acc) (m in log2 units, GROUP_PAD rows, the padding rows masked).
+
+    DIRECT (one split): normalize and write the output. Otherwise store the unnormalized partial; with
+    TICKET, also draw a ticket from the (b, hk) counter: the program that draws num_splits - 1 is the
+    last of its group to finish, merges every split's partials (as _merge_splits_kernel does) and
+    resets the counter to 0 for the next call (and for CUDA-graph replays).
+    """
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    split = tl.program_id(2)
+    g = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, BLOCK_D)
+    heads = hk * GROUP + g
+    gmask = g < GROUP
+    if DIRECT:
+        # as the merge of a single split: o / l (0 / 0 = NaN for an empty sequence, as the merge gives)
+        out = acc / tl.where(gmask, l, 1.0)[:, None]
+        tl.store(OUT + (b * Hq + heads)[:, None] * HEAD_DIM + dims[None, :], out.to(OUT.dtype.element_ty),
+                 mask=gmask[:, None] & (dims < HEAD_DIM)[None, :])
+    else:
+        row = (b * Hq + heads) * num_splits + split
+        tl.store(M_OUT + row, m, mask=gmask)
+        tl.store(L_OUT + row, l, mask=gmask)
+        tl.store(O_OUT + row[:, None] * BLOCK_D + dims[None, :], acc, mask=gmask[:, None])
+        if TICKET:
+            tl.debug_barrier()  # every thread's partials are stored before the release below publishes them
+            ticket = tl.atomic_add(TICKETS + b * Hkv + hk, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:  # every other split of (b, hk) has published its partials
+                tl.debug_barrier()
+                for i in range(GROUP):
+                    # .cg: read from L2, past this SM's L1, which may hold stale lines of the partials
+                    _merge_row(M_OUT, L_OUT, O_OUT, OUT, b * Hq + hk * GROUP + i, num_splits, HEAD_DIM=HEAD_DIM,
+                               BLOCK_D=BLOCK_D, SPLITS_PAD=SPLITS_PAD, CACHE=".cg")
+                tl.store(TICKETS + b * Hkv + hk, 0)  # zeroed for the next call: no memset per call
+
+
+@triton.jit
+def _merge_row(M, L, O, OUT, row, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the partials of one (sequence, query head):
+    o = sum_s 2^(m_s - m*) o_s / sum_s 2^(m_s - m*) l_s."""
+    sp = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, BLOCK_D)
+    smask = sp < num_splits
+    m = tl.load(M + row * num_splits + sp, mask=smask, other=float("-inf"), cache_modifier=CACHE)
+    l = tl.load(L + row * num_splits + sp, mask=smask, other=0.0, cache_modifier=CACHE)
+    o = tl.load(O + (row * num_splits + sp)[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0,
+                cache_modifier=CACHE)
+    m_star = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_star))  # empty splits weigh nothing
+    out = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    tl.store(OUT + row * HEAD_DIM + dims, out.to(OUT.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 @triton.jit
 def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                          SPLITS_PAD: tl.constexpr):
-    """One program per (sequence, query head): o = sum_s 2^(m_s - m*) o_s / sum_s 2^(m_s - m*) l_s."""
-    row = tl.program_id(0)
-    sp = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, BLOCK_D)
-    smask = sp < num_splits
-    m = tl.load(M + row * num_splits + sp, mask=smask, other=float("-inf"))
-    l = tl.load(L + row * num_splits + sp, mask=smask, other=0.0)
-    o = tl.load(O + (row * num_splits + sp)[:, None] * BLOCK_D + dims[None, :], mask=smask[:, None], other=0.0)
-    m_star = tl.max(m, axis=0)
-    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_star))  # empty splits weigh nothing
-    out = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
-    tl.store(OUT + row * HEAD_DIM + dims, out.to(OUT.dtype.element_ty), mask=dims < HEAD_DIM)
+    """merge="launch": one program per (sequence, query head)."""
+    _merge_row(M, L, O, OUT, tl.program_id(0), num_splits, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+               SPLITS_PAD=SPLITS_PAD, CACHE="")
 
 
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
@@ -115,12 +169,52 @@ def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
     return max(1, min((4 * sms) // (batch * hkv), math.ceil(max_len / 64), 128))
 
 
+def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
+    """The decode kernel's default (num_warps, num_stages) for a batch; None stages: Triton's default.
+
+    From the num_warps x num_stages sweep on the H200 (benchmarks/results/paged_decode_study_h200.txt,
+    summary at the bottom; bf16, Hq=32, Hkv=8, D=128, block size 16, default splits): (4 warps,
+    1 stage) was best at B=1 for L=1K and 4K; at B>=16, 2 stages were best, with 2 warps where
+    B * L >= 256K tokens (B=16 L=16K, B=64 L>=4K) and 4 warps below. Everywhere else (B=1 L=16K,
+    batches between 2 and 15, which the sweep did not time) it keeps the old default: 4 warps and
+    Triton's default stages. ``hkv`` is unused for now (the sweep had Hkv=8 only). A GPU run that
+    confirms these entries (benchmarks/paged_decode_study.py --parts sweep merge) is pending.
+    ``max_len`` is the token capacity of the block table, as ``default_splits`` takes it.
+    """
+    if batch == 1 and max_len <= 4096:
+        return 4, 1
+    if batch >= 16:
+        return (2 if batch * max_len >= 16 * 16384 else 4), 2
+    return 4, None
+
+
+def _ticket_counters(device, n: int) -> torch.Tensor:
+    """The per-(sequence, KV head) int32 counters of merge="ticket", zeroed once and kept per device.
+
+    The kernel leaves every counter at 0 when it finishes, so no call needs a memset. A buffer that
+    is outgrown is kept alive (not freed): a CUDA graph captured with it still points at it.
+    Calls that run concurrently on different streams of one device would share counters; don't.
+    """
+    bufs = _tickets.setdefault(torch.device(device), [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 2 * bufs[-1].numel() if bufs else 256), device=device, dtype=torch.int32))
+    return bufs[-1]
+
+
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
                     validate: bool = True, num_splits: int | None = None, tile: int | None = None,
-                    num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                    num_warps: int | None = None, num_stages: int | None = None,
+                    merge: str | None = None) -> torch.Tensor:
     """Decode attention over a paged cache; same signature as the NumPy reference, plus tuning knobs:
-    ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), and the
-    decode kernel's ``num_warps`` / ``num_stages`` (None: 4 warps and Triton's default stages).
+    ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), the decode
+    kernel's ``num_warps`` / ``num_stages`` (None: from :func:`decode_config`), and ``merge``, how
+    the splits' partials are combined (None: ``DEFAULT_MERGE``): ``"launch"``, a second kernel, one
+    program per (sequence, query head); or ``"ticket"``, in the decode kernel itself, by the last
+    program of each (sequence, KV head) to finish (an atomic counter tells it that it is the last).
+    With one split there is nothing to merge: the program writes the output in both modes.
+
+    A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
+    merge always has; the NumPy reference rejects it.
 
     ``validate=True`` checks every table entry that will be read against the pool on the host, which
     copies block_table and seq_lens off the GPU (a sync per call). A caller that builds its own tables
@@ -156,26 +250,38 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
     if num_stages is not None and num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    merge = DEFAULT_MERGE if merge is None else merge
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     split_len = triton.cdiv(triton.cdiv(max_len, splits), tile) * tile
     splits = triton.cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
     block_d = max(16, triton.next_power_of_2(D))
-    launch = {"num_warps": 1 if INTERPRETED else (num_warps or 4)}
-    if num_stages is not None:
-        launch["num_stages"] = num_stages
-    m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
-    l = torch.empty_like(m)
-    o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
+    table_warps, table_stages = decode_config(B, Hkv, max_len)
+    launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
+    stages = num_stages if num_stages is not None else table_stages
+    if stages is not None:
+        launch["num_stages"] = stages
+    direct = splits == 1  # nothing to merge: the one program writes the output
+    ticket = merge == "ticket" and not direct
+    splits_pad = max(2, triton.next_power_of_2(splits))
+    out = torch.empty((B, Hq, D), device=q.device, dtype=out_dtype)
+    if direct:  # no partials to keep (the kernel never touches them)
+        m = l = o = out
+    else:
+        m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
+        l = torch.empty_like(m)
+        o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
+    tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
     qc = q if q.stride(-1) == 1 else q.contiguous()
     global last_decode_kernel
     last_decode_kernel = _paged_decode_kernel[(B, Hkv, splits)](
-        qc, k_cache, v_cache, block_table, seq_lens, m, l, o, scale * 1.4426950408889634, split_len,
+        qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, tickets, scale * 1.4426950408889634, split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
-        block_table.shape[1], splits, Hq, group, block_size, num_blocks,
+        block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, triton.next_power_of_2(group)), TILE=tile,
-        IEEE=q.dtype == torch.float32, **launch)
-    # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
-    out = torch.empty((B, Hq, D), device=q.device, dtype=out_dtype)
-    _merge_splits_kernel[(B * Hq,)](m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,
-                                    SPLITS_PAD=max(2, triton.next_power_of_2(splits)),
-                                    num_warps=1 if INTERPRETED else 4)
+        IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket, **launch)
+    if not direct and not ticket:
+        # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
+        _merge_splits_kernel[(B * Hq,)](m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d, SPLITS_PAD=splits_pad,
+                                        num_warps=1 if INTERPRETED else 4)
     return out
