@@ -104,7 +104,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = --heads")
-    ap.add_argument("--sweep", default="128:4096", help="D:N of the backward tile sweep ('' for none)")
+    ap.add_argument("--sweep", nargs="*", default=["128:4096"], help="D:N points of the backward tile sweep")
     ap.add_argument("--sweep-impls", nargs="+", default=["v2"], choices=list(SWEEPS))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -180,7 +180,11 @@ def main(argv=None):
 def sweep(args, B, H, Hkv, save):
     """The backward alone for each sweep config of each version at one (D, N): time, registers, spills,
     shared memory (of the dK/dV launch, for v4)."""
-    d, n = map(int, args.sweep.split(":"))
+    for point in args.sweep:
+        sweep_point(args, B, H, Hkv, save, *map(int, point.split(":")))
+
+
+def sweep_point(args, B, H, Hkv, save, d, n):
     for impl in args.sweep_impls:
         print(f"\nbackward {impl} tile sweep, D={d} N={n}: (M1, N1, M2, N2, warps, stages[, dQ warps, stages])",
               flush=True)

@@ -46,8 +46,17 @@ WS_CONFIGS = {  # warp specialization: the producer warp group holds few registe
 }
 
 
-def candidates(impl: str, d: int):
-    """(config, programs_per_sm) pairs to try for one version."""
+def candidates(impl: str, d: int, only=None):
+    """(config, programs_per_sm) pairs to try for one version; ``only`` ("v1:64,64,4,3", "v5:128,128,4,2x2")
+    replaces the built-in lists."""
+    if only:
+        out = []
+        for spec in only:
+            name, _, rest = spec.partition(":")
+            cfg, _, per_sm = rest.partition("x")
+            if name == impl:
+                out.append((tuple(int(x) for x in cfg.split(",")), int(per_sm or 1)))
+        return out
     if impl == "v1":
         return [(c, 1) for c in CONFIGS.get(d, [])]
     if impl == "v2":
@@ -77,6 +86,7 @@ def main(argv=None):
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--impls", nargs="+", default=["v1"], choices=fa.FWD_IMPLS)
     ap.add_argument("--causal", nargs="+", default=["False", "True"], choices=["False", "True"])
+    ap.add_argument("--only", nargs="*", help="impl:BM,BN,warps,stages[xP] specs to try instead of the lists")
     ap.add_argument("--repeats", type=int, default=10, help="fresh-input rechecks of each warp-specialized config")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -111,7 +121,7 @@ def main(argv=None):
                           "tflops": flops / (ms * 1e-3) / 1e12})
                     print(f"{d:4d} {n:6d} {str(causal):>6s} {name}: {rows[-1]['tflops']:8.1f}", flush=True)
                 for impl in args.impls:
-                    for cfg, per_sm in candidates(impl, d):
+                    for cfg, per_sm in candidates(impl, d, args.only):
                         row = {"D": d, "N": n, "causal": causal, "provider": "minillm", "impl": impl,
                                "config": cfg, "programs_per_sm": per_sm}
                         run = lambda: fa._forward(q, k, v, causal, d ** -0.5, config=cfg, impl=impl,  # noqa: E731

@@ -115,4 +115,32 @@ kernels3-sweep)  # issue 12, second round: every forward/backward version x tile
     sdpa_cudnn --points 128:4096 64:4096 --flex-points 128:4096 64:4096 --sweep 128:4096 --sweep-impls v3 v4 \
     --out "$OUT/flash_attention_bwd_sweep_h200.json" > "$OUT/flash_attention_bwd_sweep_h200.txt" 2>&1
   echo "bwd rc=$?"; cut -c1-170 "$OUT/flash_attention_bwd_sweep_h200.txt" | tail -50 ;;
+kernels3-sweep2)  # issue 12, second round, part 2: compiled tests of the new versions, then the follow-up sweeps
+  T="$OUT/kernel_tests_kernels3"; S=/tmp/kernels3_shards; rm -rf "$S"; mkdir -p "$S"
+  { python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+      -k "impls or persistent or tma or tolerance or rejects or model" 2>/dev/null
+    python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_paged_attention.py 2>/dev/null; } \
+    | grep '::' > "$S/ids"
+  split -n r/12 "$S/ids" "$S/shard."
+  for f in "$S"/shard.*; do
+    ( mapfile -t ids < "$f"; timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+        > "$T.${f##*.}.txt" 2>&1 ) &
+  done
+  wait
+  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
+  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -20
+  cat "$T".*.txt > "$OUT/kernel_tests_kernels3_h200.txt"; rm -f "$T".*.txt
+  timeout 120 python3 benchmarks/flash_attention_tune.py --impls v1 v3 v5 --seq-lens 1024 4096 --causal True \
+    --only v1:64,64,4,3 v1:64,64,4,4 v1:64,128,4,3 v1:64,32,4,3 v1:128,64,8,3 v3:128,128,4,2 v3:128,64,8,3 \
+    v5:128,128,4,2 v5:128,128,4,2x2 v5:128,64,8,3x2 --out "$OUT/flash_attention_tune2_h200.json" \
+    > "$OUT/flash_attention_tune2_h200.txt" 2>&1
+  echo "tune2 rc=$?"; grep -E "^D=|WRONG" "$OUT/flash_attention_tune2_h200.txt" | cut -c1-260
+  timeout 170 python3 benchmarks/flash_attention_bwd_bench.py --providers minillm_v3 minillm_v4 --points 128:4096 \
+    --flex-points --sweep 128:4096 64:4096 --sweep-impls v3 v4 --out "$OUT/flash_attention_bwd_sweep2_h200.json" \
+    > "$OUT/flash_attention_bwd_sweep2_h200.txt" 2>&1
+  echo "bwd rc=$?"; cut -c1-170 "$OUT/flash_attention_bwd_sweep2_h200.txt" | grep -v "^ *$"
+  timeout 130 python3 benchmarks/paged_decode_study.py --parts resources sweep merge sdpa --warps 2 4 --stages 1 2 3 \
+    --out "$OUT/paged_decode_study_h200.json" > "$OUT/paged_decode_study_h200.txt" 2>&1
+  echo "paged rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-200
+  tail -2 "$OUT/paged_decode_study_h200.txt" | cut -c1-200 ;;
 esac

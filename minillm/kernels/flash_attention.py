@@ -215,8 +215,11 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, lo, hi, Nk, offset, qk_sc
 def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
-    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue."""
+                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+                  ONE_LOOP: tl.constexpr):
+    """One query tile of one (batch, head): descriptors, the key loops, the epilogue. ONE_LOOP runs every
+    key tile through the masked loop: Triton 3.6 cannot warp-specialize the causal kernel's two loops
+    (the compile fails, as triton#9728 reports), so the warp-specialized causal versions use one."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -240,11 +243,15 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     if CAUSAL:
         hi = tl.minimum(Nk, m0 + BLOCK_M + offset)
         full = tl.minimum(full, (tl.maximum(m0 + offset + 1, 0) // BLOCK_N) * BLOCK_N)
-    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
-                               False, CAUSAL, IEEE, WS)
-    if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale, BLOCK_N,
-                                   True, CAUSAL, IEEE, False)
+    if ONE_LOOP:
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, hi, Nk, offset, qk_scale, BLOCK_N,
+                                   True, CAUSAL, IEEE, WS)
+    else:
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
+                                   False, CAUSAL, IEEE, WS)
+        if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
+            acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale,
+                                       BLOCK_N, True, CAUSAL, IEEE, False)
     o_desc.store([m0, 0], (acc / tl.where(l > 0, l, 1.0)[:, None]).to(O.dtype.element_ty))
     lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
@@ -268,14 +275,14 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                 bh = t // NUM_M_TILES
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, WS and CAUSAL)
     else:
         pid_m = tl.program_id(0)
         if CAUSAL:
             pid_m = tl.num_programs(0) - 1 - pid_m
         _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, WS and CAUSAL)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int]:
@@ -299,7 +306,6 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, i
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 DEFAULT_FWD_IMPL = "v1"
 last_forward_impl = None  # the forward version the latest call ran (a TMA version falls back to v1, see _tma_ok)
-_allocator_ready = False
 
 
 def _tma_ok(*tensors) -> bool:
@@ -312,13 +318,19 @@ def _tma_ok(*tensors) -> bool:
     return True
 
 
+def _torch_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _ensure_allocator() -> None:
     """tl.make_tensor_descriptor writes its 128-byte descriptor to global scratch memory that Triton
-    asks the host for through triton.set_allocator; hand it torch memory on the current device."""
-    global _allocator_ready
-    if not _allocator_ready:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-        _allocator_ready = True
+    asks the host for through triton.set_allocator; hand it torch memory on the current device. The
+    allocator lives in a context variable, so each thread (autograd runs the backward on its own)
+    needs it set; one the caller set is left alone."""
+    from triton.runtime._allocation import NullAllocator, _allocator
+
+    if isinstance(_allocator.get(), NullAllocator):
+        triton.set_allocator(_torch_scratch)
 
 
 def _num_sms(device) -> int:
@@ -638,8 +650,14 @@ def _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_sc
     n0 = pid * BLOCK_N1
     cols = n0 + tl.arange(0, BLOCK_N1)
     kv_mask = (cols[:, None] < Nk) & dmask[None, :]
-    k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
+    if TMA:  # straight to shared memory, where the MMAs read them: no registers held for K and V
+        k = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Nk, HEAD_DIM], strides=[skn, 1],
+                                      block_shape=[BLOCK_N1, BLOCK_D]).load([n0, 0])
+        v = tl.make_tensor_descriptor(V + b * svb + hk * svh, shape=[Nk, HEAD_DIM], strides=[svn, 1],
+                                      block_shape=[BLOCK_N1, BLOCK_D]).load([n0, 0])
+    else:
+        k = tl.load(K + b * skb + hk * skh + cols[:, None] * skn + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + b * svb + hk * svh + cols[:, None] * svn + dims[None, :], mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N1, BLOCK_D], tl.float32)
     full_q = (Nq // BLOCK_M1) * BLOCK_M1  # query tiles below this need no row mask
@@ -697,8 +715,15 @@ def _bwd_dq_tile(j, b, hk, Q, K, V, DO, LSE2, DELTA, DQ, sm_scale, qk_scale, Nq,
     rows = pid_m * BLOCK_M2 + tl.arange(0, BLOCK_M2)
     in_q = rows < Nq
     q_mask = in_q[:, None] & dmask[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
+    if TMA:
+        m0 = pid_m * BLOCK_M2
+        q = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Nq, HEAD_DIM], strides=[sqn, 1],
+                                      block_shape=[BLOCK_M2, BLOCK_D]).load([m0, 0])
+        do = tl.make_tensor_descriptor(DO + b * sdb + h * sdh, shape=[Nq, HEAD_DIM], strides=[sdn, 1],
+                                       block_shape=[BLOCK_M2, BLOCK_D]).load([m0, 0])
+    else:
+        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dims[None, :], mask=q_mask, other=0.0)
     lse2 = tl.load(LSE2 + bh * Nq + rows, mask=in_q, other=float("inf"))
     delta = tl.load(DELTA + bh * Nq + rows, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
@@ -888,9 +913,13 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     if bwd_impl is not None and bwd_impl not in BWD_IMPLS:
         raise ValueError(f"unknown bwd_impl {bwd_impl!r}; choose one of {BWD_IMPLS}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    out_dtype = q.dtype
     if INTERPRETED and q.dtype == torch.bfloat16:
-        o, lse = _FlashAttention.apply(q.float(), k.float(), v.float(), bool(causal), scale, fwd_impl, bwd_impl)
-        o = o.to(torch.bfloat16)
-    else:
+        q, k, v = q.float(), k.float(), v.float()
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, fwd_impl, bwd_impl)
+    else:  # inference: no autograd node, whose host cost is not small next to a short kernel
+        o, lse = _forward(q, k, v, bool(causal), scale, impl=fwd_impl)
+    if INTERPRETED and o.dtype != out_dtype:
+        o = o.to(out_dtype)
     return (o, lse) if return_lse else o
