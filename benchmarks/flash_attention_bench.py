@@ -28,7 +28,7 @@ BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.C
 
 
 def provider_fn(name, q, k, v, causal):
-    if name == "minillm":  # the defaults (DEFAULT_FWD_IMPL, the tuned tiles)
+    if name == "minillm":  # the defaults (fwd_plan's version, the tuned tiles)
         return lambda: flash_attention(q, k, v, causal=causal)
     if name.startswith("minillm_"):  # one forward version, e.g. minillm_v1
         return lambda: flash_attention(q, k, v, causal=causal, fwd_impl=name.split("_", 1)[1])

@@ -7,7 +7,7 @@ For each (D, causal, N) at bf16, B=4, H=32, every (version, config) -- config = 
 num_warps, num_stages), plus programs per SM for the persistent versions v4/v5 -- is checked against
 cuDNN's output (a wrong config is reported, never timed as a win) and timed; cuDNN and FA2 are timed
 at the same point, in the same process. The best per (D, causal) is what ``_blocks`` and
-``DEFAULT_FWD_IMPL`` in minillm/kernels/flash_attention.py use. Registers, spills and shared memory
+``fwd_plan`` in minillm/kernels/flash_attention.py use. Registers, spills and shared memory
 come from the compiled kernel, as the compiler reports them. A config that fails to compile (out of
 resources, a warp-specialization compile error) is recorded with its error and skipped.
 """

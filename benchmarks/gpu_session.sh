@@ -8,7 +8,9 @@
 #                run(command="bash benchmarks/gpu_session.sh serving-tiny")   # chapter 8
 #                run(command="bash benchmarks/gpu_session.sh serving-1b")
 #                run(command="bash benchmarks/gpu_session.sh kernels2")      # issue 12: backward v2, paged study
-#                run(command="bash benchmarks/gpu_session.sh kernels3-sweep") # issue 12 round 2: versions x tiles
+#                run(command="bash benchmarks/gpu_session.sh kernels3-sweep")  # issue 12 round 2: versions x tiles
+#                run(command="bash benchmarks/gpu_session.sh kernels3-sweep2") #   follow-up sweeps, paged study
+#                run(command="bash benchmarks/gpu_session.sh kernels3-final")  #   checks of the defaults, grids
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -143,4 +145,29 @@ kernels3-sweep2)  # issue 12, second round, part 2: compiled tests of the new ve
     --out "$OUT/paged_decode_study_h200.json" > "$OUT/paged_decode_study_h200.txt" 2>&1
   echo "paged rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-200
   tail -2 "$OUT/paged_decode_study_h200.txt" | cut -c1-200 ;;
+kernels3-final)  # issue 12, second round, last: compiled checks of the defaults, then the recorded grids again
+  T="$OUT/kernel_tests_kernels3_final"; S=/tmp/kernels3f_shards; rm -rf "$S"; mkdir -p "$S"
+  { python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_kernels_flash_attention.py \
+      -k "default_warp or (gpu_tolerance_rule and (v5 or v1) and not backward) or backward_gpu_tolerance" 2>/dev/null
+    python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_kernels_paged_attention.py 2>/dev/null; } \
+    | grep '::' > "$S/ids"
+  split -n r/10 "$S/ids" "$S/shard."
+  for f in "$S"/shard.*; do
+    ( mapfile -t ids < "$f"; timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+        > "$T.${f##*.}.txt" 2>&1 ) &
+  done
+  wait
+  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
+  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -20
+  cat "$T".*.txt > "$OUT/kernel_tests_kernels3_final_h200.txt"; rm -f "$T".*.txt
+  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS \
+    --out "$J" > "$TX" 2>&1; echo "fwd rc=$?"
+  timeout 140 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS \
+    --no-memory --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
+  timeout 90 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "paged rc=$?"; tail -2 "$OUT/paged_attention_h200.txt"
+  timeout 85 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 4096 \
+    --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  grep -E "minillm|flex|cudnn|flash" "$TX" | grep -v memory | cut -c1-90 ;;
 esac

@@ -86,7 +86,9 @@ def test_forward_impls_match_reference(case, dtype, impl):
     q, k, v = make(*case, dtype, seed=sum(case))
     for causal in (False, True):
         o, lse = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl=impl)
-        assert fa.last_forward_impl == impl
+        # compiled, Triton 3.6 fails to warp-specialize some ragged shapes: those run v1 (see _forward)
+        assert fa.last_forward_impl == impl or (DEVICE == "cuda" and impl in ("v3", "v5")
+                                                and fa.last_forward_impl == "v1")
         np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[dtype])
         o1, lse1 = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl="v1")
         assert torch.equal(torch.isinf(lse), torch.isinf(lse1))
@@ -105,6 +107,29 @@ def test_forward_persistent_grid_covers_every_tile(programs_per_sm):
             o, _ = fa._forward(q, k, v, causal, 32 ** -0.5, config=(16, 16, 1, 1), impl=impl,
                                programs_per_sm=programs_per_sm)
             np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[torch.float32])
+
+
+def test_forward_falls_back_to_v1_when_a_tma_version_fails_to_compile(monkeypatch):
+    """A compile failure of a TMA version with the default tiles runs v1 (and is remembered); with an
+    explicit config the error propagates."""
+    from minillm.kernels import flash_attention as fa
+
+    class CompileFails:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                raise RuntimeError("PassManager::run failed")
+            return launch
+
+    monkeypatch.setattr(fa, "_fwd_kernel_tma", CompileFails())
+    monkeypatch.setattr(fa, "_fwd_fallen_back", set())
+    q, k, v = make(1, 2, 1, 40, 40, 32, torch.float32)
+    for _ in range(2):  # the second call goes straight to v1
+        o, _ = fa._forward(q, k, v, True, 32 ** -0.5, impl="v3")
+        assert fa.last_forward_impl == "v1"
+        np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float32])
+    assert len(fa._fwd_fallen_back) == 1
+    with pytest.raises(RuntimeError, match="PassManager"):
+        fa._forward(q, k, v, True, 32 ** -0.5, impl="v3", config=(16, 16, 1, 1))
 
 
 def test_forward_tma_falls_back_to_pointers_for_unaligned_rows():
@@ -284,6 +309,33 @@ def test_flash_attention_gpu_tolerance_rule(dtype, causal, fwd_impl):
     err = (flash_attention(q, k, v, causal=causal, fwd_impl=fwd_impl).double() - gold).abs().max().item()
     err_math = (math_out.double() - gold).abs().max().item()
     assert err <= 2 * err_math + 1e-5, (err, err_math)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1024, 2048])
+def test_flash_attention_default_warp_specialized_forward_is_right_on_fresh_inputs(n):
+    """The default forward at D=128 non-causal is the warp-specialized v5, and warp specialization in
+    Triton 3.6 returned NaNs with other tiles: 30 fresh random inputs, each within the tolerance rule's
+    bound (2x the error of same-precision math attention vs float64, measured on the first)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from minillm.kernels import flash_attention as fa
+
+    bound = None
+    for seed in range(30):
+        q, k, v = make(2, 8, 8, n, n, 128, torch.bfloat16, seed=100 + seed)
+        out = flash_attention(q, k, v)
+        assert fa.last_forward_impl == "v5"
+        if bound is None:
+            gold = torch.from_numpy(ref(q, k, v, False)).to(DEVICE)
+            with sdpa_kernel(SDPBackend.MATH):
+                math_out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            bound = 2 * (math_out.double() - gold).abs().max().item() + 1e-5
+            assert (out.double() - gold).abs().max().item() <= bound
+        else:  # cheaper per input: against SDPA's own kernel, same bound
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+                want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            assert torch.isfinite(out).all() and (out.float() - want.float()).abs().max().item() <= 2 * bound
 
 
 @pytest.mark.gpu

@@ -236,8 +236,8 @@ def test_paged_attention_kernel_rejects_bad_merge(rng):
 
 def test_decode_config_entries_from_the_h200_sweep():
     assert pa.decode_config(1, 8, 4096) == (4, 1)
-    assert pa.decode_config(1, 8, 16384) == (4, None)  # not in the measured exceptions: the old default
-    assert pa.decode_config(4, 8, 1024) == (4, None)
+    assert pa.decode_config(1, 8, 16384) == (4, 2)
+    assert pa.decode_config(4, 8, 1024) == (4, 1)
     assert pa.decode_config(16, 8, 4096) == (4, 2)
     assert pa.decode_config(16, 8, 16384) == (2, 2)
     assert pa.decode_config(64, 8, 4096) == (2, 2)

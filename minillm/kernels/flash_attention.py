@@ -285,27 +285,56 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                       HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, WS and CAUSAL)
 
 
-def _blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward; small tiles in the interpreter.
+def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
+            n: int = 4096) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of one forward version; small tiles in the interpreter.
 
-    The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, N=4096,
-    results/flash_attention_tune_h200.json); fp32 tiles are twice the bytes, so they keep smaller
-    pipelines that fit in shared memory.
+    The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, B=4, H=32,
+    N=1K and 4K; results/flash_attention_tune_h200.json): 64x64 tiles win up to N=1K and for causal
+    D=64, where more, smaller programs fill the SMs; the TMA versions hold fewer registers and take
+    128x128 tiles. Warp specialization is only correct with the tiles it was checked with: with
+    (128, 64, 4 warps, 3 stages) it returned NaNs. fp32 tiles are twice the bytes, so they keep
+    smaller pipelines that fit in shared memory (and only v1 was measured in fp32).
     """
     if interpreted:
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 1) if D <= 128 else (64, 32, 8, 1)
-    if D <= 64:
+    if D > 128:
+        return 64, 32, 8, 1
+    if impl in ("v3", "v5"):
+        return 128, 128, 4, 2
+    if impl == "v4":
+        return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 3)
+    if impl == "v2":
+        return (128, 128, 4, 3) if D <= 64 else (128, 128, 8, 3)
+    if n <= 1024 or (D <= 64 and causal):
         return 64, 64, 4, 3
-    if D <= 128:
-        return 128, 128, 8, 3
-    return 64, 32, 8, 1
+    if D <= 64:
+        return 128, 64, 4, 3
+    return (128, 64, 8, 3) if causal else (128, 128, 8, 3)
+
+
+def fwd_plan(D: int, dtype, causal: bool, nk: int, interpreted: bool = INTERPRETED) -> tuple[str, int]:
+    """(version, programs per SM) the forward runs by default, from the same H200 sweep.
+
+    D=128, non-causal, every key tile full (nk % 128 == 0): v5, the persistent warp-specialized
+    version (the only shape where warp specialization both compiles and wins; the causal kernel does
+    not compile specialized with 4 warps, and with one masked loop it returned NaNs). D<=64
+    non-causal past N=1K: v2, TMA. Everything else: v1. fp32 and the interpreter: v1.
+    """
+    if interpreted or dtype == torch.float32 or D > 128:
+        return "v1", 1
+    if D > 64 and not causal and nk % 128 == 0:
+        return "v5", 1
+    if D <= 64 and not causal and nk > 1024:
+        return "v2", 1
+    return "v1", 1
 
 
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
-DEFAULT_FWD_IMPL = "v1"
-last_forward_impl = None  # the forward version the latest call ran (a TMA version falls back to v1, see _tma_ok)
+last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
+_fwd_fallen_back: set = set()  # (impl, D, dtype, causal, even_n) whose compile failed once: they run v1
 
 
 def _tma_ok(*tensors) -> bool:
@@ -338,39 +367,63 @@ def _num_sms(device) -> int:
 
 
 def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
-             impl: str | None = None, programs_per_sm: int = 1):
-    """Launch a forward version (FWD_IMPLS; None: DEFAULT_FWD_IMPL, v1 in the interpreter); ``config`` =
-    (BLOCK_M, BLOCK_N, num_warps, num_stages) overrides the tuned table (benchmarks/flash_attention_tune.py
-    sweeps it). ``programs_per_sm`` sizes the persistent grid of v4/v5."""
+             impl: str | None = None, programs_per_sm: int | None = None):
+    """Launch a forward version (FWD_IMPLS; None: ``fwd_plan``'s); ``config`` = (BLOCK_M, BLOCK_N,
+    num_warps, num_stages) overrides ``_blocks``' table (benchmarks/flash_attention_tune.py sweeps it);
+    ``programs_per_sm`` sizes the persistent grid of v4/v5.
+
+    A TMA version runs v1 instead when the tensors' rows are not 16-byte aligned (``_tma_ok``), and,
+    with the default tiles, when Triton fails to compile it for the shape (its warp-specialization
+    pass fails on some ragged shapes); ``last_forward_impl`` says what ran. An explicit ``config``
+    is never replaced: its errors propagate (the tune sweep records them).
+    """
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    impl = impl or ("v1" if INTERPRETED else DEFAULT_FWD_IMPL)
+    if impl is None:
+        impl, per_sm = fwd_plan(D, q.dtype, causal, Nk)
+        programs_per_sm = programs_per_sm or per_sm
     if impl not in FWD_IMPLS:
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    bm, bn, warps, stages = config or _blocks(D, q.dtype)
     block_d = max(16, triton.next_power_of_2(D))
-    n_m = triton.cdiv(Nq, bm)
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
-    common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, IEEE=q.dtype == torch.float32,
-                  num_warps=warps, num_stages=stages)
     global last_forward_kernel, last_forward_impl
-    if impl == "v1":
-        kern = _fwd_kernel[(n_m, B * Hq)](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *args,
-                                          PAD_D=block_d != D, **common)
-    else:
+
+    def launch(impl, cfg):
+        bm, bn, warps, stages = cfg
+        n_m = triton.cdiv(Nq, bm)
+        common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+                      IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        if impl == "v1":
+            return _fwd_kernel[(n_m, B * Hq)](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *args,
+                                              PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
         persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
-        grid = (min(tiles, _num_sms(q.device) * programs_per_sm),) if persistent else (n_m, B * Hq)
-        kern = _fwd_kernel_tma[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles,
+        grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
+        return _fwd_kernel_tma[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles,
                                      *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
                                      **common)
+
+    key = (impl, D, q.dtype, causal, Nk % 128 == 0)
+    if impl != "v1" and config is None and key in _fwd_fallen_back:
+        impl = "v1"
+    cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
+    try:
+        kern = launch(impl, cfg)
+    except Exception as e:  # noqa: BLE001  (only a compile failure of a TMA version with default tiles)
+        from triton.runtime.errors import OutOfResources
+
+        if config is not None or impl == "v1" or not (isinstance(e, OutOfResources) or "PassManager" in str(e)):
+            raise
+        _fwd_fallen_back.add(key)
+        impl = "v1"
+        kern = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = kern, impl
     return o, lse
 
@@ -782,20 +835,36 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
                          sdqb, sdqh, sdqn, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, PAD_D, IEEE, TMA)
 
 
-def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages) for backward v2.
+def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2") -> tuple[int, ...]:
+    """(BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, num_warps, num_stages) for backward v2-v4, plus the dQ
+    launch's (num_warps, num_stages) for v4.
 
     M1 x N1 is the dK/dV side's (query, key) tile, M2 x N2 the dQ side's. The 16-bit rows up to
-    D=128 are flex_attention's sm90 defaults, the starting point of the sweep; fp32 tiles are twice
-    the bytes, so they get smaller tiles and no pipelining.
+    D=128 start from flex_attention's sm90 defaults and are the winners of the sweeps on the H200
+    (results/flash_attention_bwd_h200.json, bf16, N=4096); at D=64 small dK/dV tiles with 4 warps
+    win, most of all when the two sides are launched apart (v4). fp32 tiles are twice the bytes, so
+    they get smaller tiles and no pipelining.
     """
     if interpreted:
         return 16, 16, 16, 16, 1, 1
     if dtype == torch.float32:
         return (32, 64, 64, 32, 4, 1) if D <= 128 else (16, 32, 32, 16, 4, 1)
+    if D <= 64 and impl == "v4":
+        return 32, 64, 64, 64, 4, 3, 4, 3
+    if D <= 64 and impl == "v3":
+        return 32, 64, 64, 32, 4, 3
     if D <= 128:
         return 64, 128, 128, 64, 8, 3
     return 32, 64, 64, 32, 8, 1
+
+
+def bwd_plan(D: int, dtype, interpreted: bool = INTERPRETED) -> str:
+    """The backward version run by default, from the H200 sweeps: v4 (TMA, two launches) at D<=64,
+    v3 (TMA, one launch) at D<=128, v2 otherwise (and in fp32 and the interpreter, where TMA was not
+    measured)."""
+    if interpreted or dtype == torch.float32 or D > 128:
+        return "v2"
+    return "v4" if D <= 64 else "v3"
 
 
 # Smaller configs tried in order when a table entry does not fit the GPU (OutOfResources: shared memory
@@ -848,7 +917,8 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
         candidates = [tuple(config)]
     else:
         key = (D, q.dtype, tma, split)
-        candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype))]
+        impl = "v4" if split else "v3" if tma else "v2"
+        candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype, impl=impl))]
         candidates += [c for c in _BWD_FALLBACKS if c != candidates[0]]
     from triton.runtime.errors import OutOfResources
 
@@ -868,11 +938,10 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
 # v1: per-query-head dK/dV buffers; v2: one launch, GQA in the kernel; v3: v2 with TMA tile loads;
 # v4: v3 in two launches (dK/dV, then dQ), each side compiled alone with its own registers
 BWD_IMPLS = ("v1", "v2", "v3", "v4")
-DEFAULT_BWD_IMPL = "v2"
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, impl: str | None = None):
-    impl = impl or DEFAULT_BWD_IMPL
+    impl = impl or bwd_plan(q.shape[-1], q.dtype)
     if impl == "v1":
         return _backward_v1(q, k, v, o, lse, do, causal, scale)
     return _backward_v2(q, k, v, o, lse, do, causal, scale, tma=impl in ("v3", "v4"), split=impl == "v4")
@@ -898,7 +967,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     """softmax(q k^T * scale) v without materializing the scores; differentiable in q, k and v.
 
     ``fwd_impl`` / ``bwd_impl`` pick a version of the forward (FWD_IMPLS) and of the backward
-    (BWD_IMPLS); None takes the measured defaults, DEFAULT_FWD_IMPL and DEFAULT_BWD_IMPL. Every
+    (BWD_IMPLS); None takes the measured defaults, ``fwd_plan`` and ``bwd_plan``. Every
     version computes the same function; the old ones stay so that the benchmarks can compare them
     in one process (chapter 6 lists what each one bought). The TMA versions need 16-byte aligned
     rows and run the pointer version otherwise.

@@ -172,20 +172,17 @@ def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
 def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
     """The decode kernel's default (num_warps, num_stages) for a batch; None stages: Triton's default.
 
-    From the num_warps x num_stages sweep on the H200 (benchmarks/results/paged_decode_study_h200.txt,
-    summary at the bottom; bf16, Hq=32, Hkv=8, D=128, block size 16, default splits): (4 warps,
-    1 stage) was best at B=1 for L=1K and 4K; at B>=16, 2 stages were best, with 2 warps where
-    B * L >= 256K tokens (B=16 L=16K, B=64 L>=4K) and 4 warps below. Everywhere else (B=1 L=16K,
-    batches between 2 and 15, which the sweep did not time) it keeps the old default: 4 warps and
-    Triton's default stages. ``hkv`` is unused for now (the sweep had Hkv=8 only). A GPU run that
-    confirms these entries (benchmarks/paged_decode_study.py --parts sweep merge) is pending.
-    ``max_len`` is the token capacity of the block table, as ``default_splits`` takes it.
+    From the num_warps x num_stages sweeps on the H200 (benchmarks/results/paged_decode_study_h200.json;
+    bf16, Hq=32, Hkv=8, D=128, block size 16, default splits): at B=1, 4 warps with 1 stage were best
+    up to L=4K and with 2 stages at L=16K; at B>=16, 2 stages were best, with 2 warps where
+    B * L >= 256K tokens (B=16 L=16K, B=64 L>=4K) and 4 warps below (within 1% of 2 warps at
+    B=16 L=4K and B=64 L=1K). Batches between 2 and 15, which the sweeps did not time, take the
+    B=1 rule. ``hkv`` is unused for now (the sweeps had Hkv=8 only). ``max_len`` is the token
+    capacity of the block table, as ``default_splits`` takes it.
     """
-    if batch == 1 and max_len <= 4096:
-        return 4, 1
-    if batch >= 16:
-        return (2 if batch * max_len >= 16 * 16384 else 4), 2
-    return 4, None
+    if batch < 16:
+        return 4, (1 if max_len <= 4096 else 2)
+    return (2 if batch * max_len >= 16 * 16384 else 4), 2
 
 
 def _ticket_counters(device, n: int) -> torch.Tensor:
