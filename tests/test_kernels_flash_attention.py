@@ -86,9 +86,11 @@ def test_forward_impls_match_reference(case, dtype, impl):
     q, k, v = make(*case, dtype, seed=sum(case))
     for causal in (False, True):
         o, lse = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl=impl)
-        # compiled, Triton 3.6 fails to warp-specialize some ragged shapes: those run v1 (see _forward)
-        assert fa.last_forward_impl == impl or (DEVICE == "cuda" and impl in ("v3", "v5")
-                                                and fa.last_forward_impl == "v1")
+        # causal v3 / v5 run without warp specialization; compiled, Triton 3.6 fails to warp-specialize
+        # some ragged shapes, which then run v1 (see _forward)
+        ran = {"v3": "v2", "v5": "v4"}.get(impl, impl) if causal else impl
+        assert fa.last_forward_impl == ran or (DEVICE == "cuda" and impl in ("v3", "v5")
+                                               and fa.last_forward_impl == "v1")
         np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[dtype])
         o1, lse1 = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl="v1")
         assert torch.equal(torch.isinf(lse), torch.isinf(lse1))
@@ -124,12 +126,12 @@ def test_forward_falls_back_to_v1_when_a_tma_version_fails_to_compile(monkeypatc
     monkeypatch.setattr(fa, "_fwd_fallen_back", set())
     q, k, v = make(1, 2, 1, 40, 40, 32, torch.float32)
     for _ in range(2):  # the second call goes straight to v1
-        o, _ = fa._forward(q, k, v, True, 32 ** -0.5, impl="v3")
+        o, _ = fa._forward(q, k, v, False, 32 ** -0.5, impl="v3")
         assert fa.last_forward_impl == "v1"
-        np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float32])
+        np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, False), atol=TOL[torch.float32])
     assert len(fa._fwd_fallen_back) == 1
     with pytest.raises(RuntimeError, match="PassManager"):
-        fa._forward(q, k, v, True, 32 ** -0.5, impl="v3", config=(16, 16, 1, 1))
+        fa._forward(q, k, v, False, 32 ** -0.5, impl="v3", config=(16, 16, 1, 1))
 
 
 def test_forward_tma_falls_back_to_pointers_for_unaligned_rows():

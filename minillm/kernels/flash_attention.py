@@ -176,7 +176,10 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 #   load masks at all (the scores of a ragged last key tile are still masked).
 # * v3: v2 with warp specialization (tl.range(..., warp_specialize=True)): the compiler splits the
 #   program into a producer warp group that only issues TMA loads and consumer warp groups that do the
-#   math, handing tiles over through shared-memory barriers.
+#   math, handing tiles over through shared-memory barriers. Non-causal only: Triton 3.6 fails to
+#   compile the causal kernel's two loops specialized (as triton#9728 reports), and with the causal
+#   loops merged into one masked loop it returned NaNs on the H200 (results/flash_attention_tune_
+#   causal_ws_h200.json), so a causal call of v3 / v5 runs v2 / v4.
 # * v4: v2 with a persistent grid: one program per SM (times the occupancy) loops over the tiles,
 #   heaviest first when causal, so no SM idles in a last partial wave.
 # * v5: v4 with warp specialization on the persistent loop.
@@ -215,11 +218,8 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, lo, hi, Nk, offset, qk_sc
 def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  ONE_LOOP: tl.constexpr):
-    """One query tile of one (batch, head): descriptors, the key loops, the epilogue. ONE_LOOP runs every
-    key tile through the masked loop: Triton 3.6 cannot warp-specialize the causal kernel's two loops
-    (the compile fails, as triton#9728 reports), so the warp-specialized causal versions use one."""
+                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
+    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -243,15 +243,11 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     if CAUSAL:
         hi = tl.minimum(Nk, m0 + BLOCK_M + offset)
         full = tl.minimum(full, (tl.maximum(m0 + offset + 1, 0) // BLOCK_N) * BLOCK_N)
-    if ONE_LOOP:
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, hi, Nk, offset, qk_scale, BLOCK_N,
-                                   True, CAUSAL, IEEE, WS)
-    else:
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
-                                   False, CAUSAL, IEEE, WS)
-        if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
-            acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale,
-                                       BLOCK_N, True, CAUSAL, IEEE, False)
+    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
+                               False, CAUSAL, IEEE, WS)
+    if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale, BLOCK_N,
+                                   True, CAUSAL, IEEE, False)
     o_desc.store([m0, 0], (acc / tl.where(l > 0, l, 1.0)[:, None]).to(O.dtype.element_ty))
     lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
@@ -275,14 +271,14 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                 bh = t // NUM_M_TILES
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, WS and CAUSAL)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False)
     else:
         pid_m = tl.program_id(0)
         if CAUSAL:
             pid_m = tl.num_programs(0) - 1 - pid_m
         _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, WS and CAUSAL)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -374,7 +370,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
 
     A TMA version runs v1 instead when the tensors' rows are not 16-byte aligned (``_tma_ok``), and,
     with the default tiles, when Triton fails to compile it for the shape (its warp-specialization
-    pass fails on some ragged shapes); ``last_forward_impl`` says what ran. An explicit ``config``
+    pass fails on some ragged shapes); causal calls of v3 / v5 run v2 / v4 (see the note above
+    _fwd_inner_tma); ``last_forward_impl`` says what ran. An explicit ``config``
     is never replaced: its errors propagate (the tune sweep records them).
     """
     B, Hq, Nq, D = q.shape
@@ -389,6 +386,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
+    if causal and impl in ("v3", "v5"):  # warp specialization is wrong or fails to compile when causal
+        impl = {"v3": "v2", "v5": "v4"}[impl]
     block_d = max(16, triton.next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     global last_forward_kernel, last_forward_impl
@@ -858,11 +857,13 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
     return 32, 64, 64, 32, 8, 1
 
 
-def bwd_plan(D: int, dtype, interpreted: bool = INTERPRETED) -> str:
-    """The backward version run by default, from the H200 sweeps: v4 (TMA, two launches) at D<=64,
-    v3 (TMA, one launch) at D<=128, v2 otherwise (and in fp32 and the interpreter, where TMA was not
-    measured)."""
-    if interpreted or dtype == torch.float32 or D > 128:
+def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bool = INTERPRETED) -> str:
+    """The backward version run by default, from the H200 runs (bf16, B=4, H=32): v4 (TMA, two
+    launches) at D<=64 and v3 (TMA, one launch) at D<=128, where they won at N=4K. Causal attention
+    over at most 1K queries keeps v2: there v3 ran fwd+bwd in 0.75 ms against v2's 0.51 ms at D=128
+    (results/flash_attention_n1k_recheck_h200.json, results/flash_attention_bwd_h200.json). fp32,
+    D>128 and the interpreter, where TMA was not measured, run v2 too."""
+    if interpreted or dtype == torch.float32 or D > 128 or (causal and n <= 1024):
         return "v2"
     return "v4" if D <= 64 else "v3"
 
@@ -941,7 +942,7 @@ BWD_IMPLS = ("v1", "v2", "v3", "v4")
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, impl: str | None = None):
-    impl = impl or bwd_plan(q.shape[-1], q.dtype)
+    impl = impl or bwd_plan(q.shape[-1], q.dtype, causal, q.shape[2])
     if impl == "v1":
         return _backward_v1(q, k, v, o, lse, do, causal, scale)
     return _backward_v2(q, k, v, o, lse, do, causal, scale, tma=impl in ("v3", "v4"), split=impl == "v4")
