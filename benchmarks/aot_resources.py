@@ -81,12 +81,12 @@ def backward(args):
     for d in args.head_dims:
         configs = [fa._bwd_blocks(d, torch.bfloat16, interpreted=False)] + [c for c in sweep if d <= 128]
         for cfg in dict.fromkeys(configs):
-            m1, n1, m2, n2, w, s = cfg
+            m1, n1, m2, n2, w, s = cfg[:6]
             for causal in (False, True):
                 for gqa in (False, True):  # GROUP == 1 is specialized to a constant by Triton
                     bd = max(16, triton.next_power_of_2(d))
                     consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2,
-                                  CAUSAL=causal, PAD_D=bd != d, IEEE=False)
+                                  CAUSAL=causal, PAD_D=bd != d, IEEE=False, TMA=False, SIDE=0)
                     if not gqa:
                         consts["GROUP"] = 1
                     try:

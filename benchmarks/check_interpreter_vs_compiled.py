@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minillm.kernels.flash_attention import flash_attention  # noqa: E402
+from minillm.kernels.flash_attention import FWD_IMPLS, flash_attention  # noqa: E402
 from minillm.kernels.paged_attention import paged_attention  # noqa: E402
 from minillm.kernels.paged_prefill import paged_varlen_attention  # noqa: E402
 from minillm.kernels.softmax import softmax  # noqa: E402
@@ -44,6 +44,9 @@ def run(device):
         for dtype in (torch.float32, torch.float16):
             q, k, v = (t.to(device) for t in inputs(case, dtype))
             out[f"{case[0]}/{str(dtype)[6:]}/attn"] = flash_attention(q, k, v, causal=case[7]).float().cpu().numpy()
+            for impl in FWD_IMPLS[1:]:  # the TMA versions (v1 is the default above in the interpreter)
+                o = flash_attention(q, k, v, causal=case[7], fwd_impl=impl)
+                out[f"{case[0]}/{str(dtype)[6:]}/attn_{impl}"] = o.float().cpu().numpy()
     x = (torch.randn(3, 700, generator=torch.Generator().manual_seed(9)) * 10).to(device)
     out["softmax/float32"] = softmax(x).cpu().numpy()
     g = torch.Generator().manual_seed(11)
@@ -52,8 +55,9 @@ def run(device):
     for dtype in (torch.float32, torch.float16):
         q = torch.randn(3, 8, 128, generator=g).to(dtype)
         kc, vc = (torch.randn(3 * 19, 16, 2, 128, generator=g).to(dtype) for _ in range(2))
-        o = paged_attention(*(t.to(device) for t in (q, kc, vc, table, lens)), num_splits=3)
-        out[f"paged/{str(dtype)[6:]}"] = o.float().cpu().numpy()
+        for merge in ("launch", "ticket"):
+            o = paged_attention(*(t.to(device) for t in (q, kc, vc, table, lens)), num_splits=3, merge=merge)
+            out[f"paged/{str(dtype)[6:]}" + ("" if merge == "launch" else "/ticket")] = o.float().cpu().numpy()
     # a ragged batch: decodes, a whole-prompt chunk, chunks starting on a block boundary (100 - 20 = 80)
     # and inside a block (57 - 30 = 27); GQA 4, 16-token blocks
     g = torch.Generator().manual_seed(12)

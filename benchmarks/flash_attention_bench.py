@@ -96,8 +96,9 @@ def time_ms(fn, mode, q, k, v):
 
 
 def warm_up_gpu(seconds: float) -> None:
-    """Busy the GPU with bf16 matmuls for ``seconds``: a cold GPU timed the first provider at the first
-    point up to 1.6x slow (results/flash_attention_n1k_recheck_h200.json)."""
+    """Busy the GPU with bf16 matmuls for ``seconds``: the first call timed in a fresh process ran 1.7x
+    slower than the same call after a warm-up (results/flash_attention_cold_start_h200.json against
+    results/flash_attention_n1k_recheck_h200.json)."""
     if seconds <= 0:
         return
     import time
