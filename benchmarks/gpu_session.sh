@@ -19,6 +19,24 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
 PROVIDERS="minillm sdpa_flash sdpa_cudnn sdpa_efficient"
+
+# run_shards NAME N TIMEOUT < ids: the test ids on stdin in N parallel pytest processes (the compiled tests mostly
+# wait on Triton compiles, which are CPU-bound), each under TIMEOUT seconds; prints the summaries and failures and
+# collects the logs into $OUT/NAME.txt
+run_shards() {
+  local name=$1 n=$2 limit=$3 S=/tmp/shards_$1 T
+  rm -rf "$S"; mkdir -p "$S"; T="$S/log"
+  grep '::' > "$S/ids"
+  split -n "r/$n" "$S/ids" "$S/shard."
+  for f in "$S"/shard.*; do
+    ( mapfile -t ids < "$f"; timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+        > "$T.${f##*.}.txt" 2>&1 ) &
+  done
+  wait
+  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
+  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -20
+  cat "$T".*.txt > "$OUT/$name.txt"
+}
 case "${1:-validate}" in
 validate)  # leg 2 (interpreter vs compiled), the tile sweep, leg 3 (compiled kernels vs references)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy-*.whl >/dev/null 2>&1
@@ -91,17 +109,8 @@ serving-1b)  # chapter 8: the serving benchmark on the Llama-3.2-1B-shaped model
 kernels2)  # issue 12, one device command (~9 min): compiled kernel tests, backward v1 vs v2 vs SDPA/flex, paged study
   # each step under its own timeout and writing its own files, so a failing or slow step never stops the next
   # the tests mostly wait on Triton compiles (CPU-bound, ~10 s each for the fp32 backward): 8 shards in parallel
-  T="$OUT/kernel_tests_kernels2"; S=/tmp/kernels2_shards; rm -rf "$S"; mkdir -p "$S"
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
-    tests/test_kernels_paged_attention.py 2>/dev/null | grep '::' > "$S/ids"
-  split -n r/8 "$S/ids" "$S/shard."
-  for f in "$S"/shard.*; do
-    ( mapfile -t ids < "$f"; timeout 180 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
-        > "$T.${f##*.}.txt" 2>&1 ) &
-  done
-  wait
-  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
-  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -30
+    tests/test_kernels_paged_attention.py 2>/dev/null | run_shards kernel_tests_kernels2_h200 8 180
   timeout 210 python3 benchmarks/flash_attention_bwd_bench.py --out "$OUT/flash_attention_bwd_h200.json" \
     > "$OUT/flash_attention_bwd_h200.txt" 2>&1
   echo "bwd bench rc=$?"; cut -c1-160 "$OUT/flash_attention_bwd_h200.txt" | tail -45
@@ -118,20 +127,10 @@ kernels3-sweep)  # issue 12, second round: every forward/backward version x tile
     --out "$OUT/flash_attention_bwd_sweep_h200.json" > "$OUT/flash_attention_bwd_sweep_h200.txt" 2>&1
   echo "bwd rc=$?"; cut -c1-170 "$OUT/flash_attention_bwd_sweep_h200.txt" | tail -50 ;;
 kernels3-sweep2)  # issue 12, second round, part 2: compiled tests of the new versions, then the follow-up sweeps
-  T="$OUT/kernel_tests_kernels3"; S=/tmp/kernels3_shards; rm -rf "$S"; mkdir -p "$S"
   { python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
       -k "impls or persistent or tma or tolerance or rejects or model" 2>/dev/null
     python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_paged_attention.py 2>/dev/null; } \
-    | grep '::' > "$S/ids"
-  split -n r/12 "$S/ids" "$S/shard."
-  for f in "$S"/shard.*; do
-    ( mapfile -t ids < "$f"; timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
-        > "$T.${f##*.}.txt" 2>&1 ) &
-  done
-  wait
-  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
-  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -20
-  cat "$T".*.txt > "$OUT/kernel_tests_kernels3_h200.txt"; rm -f "$T".*.txt
+    | run_shards kernel_tests_kernels3_h200 12 170
   timeout 120 python3 benchmarks/flash_attention_tune.py --impls v1 v3 v5 --seq-lens 1024 4096 --causal True \
     --only v1:64,64,4,3 v1:64,64,4,4 v1:64,128,4,3 v1:64,32,4,3 v1:128,64,8,3 v3:128,128,4,2 v3:128,64,8,3 \
     v5:128,128,4,2 v5:128,128,4,2x2 v5:128,64,8,3x2 --out "$OUT/flash_attention_tune2_h200.json" \
@@ -146,20 +145,10 @@ kernels3-sweep2)  # issue 12, second round, part 2: compiled tests of the new ve
   echo "paged rc=$?"; grep -E "^resources|^summary|^ *[0-9]+ +[0-9]+ \|" "$OUT/paged_decode_study_h200.txt" | cut -c1-200
   tail -2 "$OUT/paged_decode_study_h200.txt" | cut -c1-200 ;;
 kernels3-final)  # issue 12, second round, last: compiled checks of the defaults, then the recorded grids again
-  T="$OUT/kernel_tests_kernels3_final"; S=/tmp/kernels3f_shards; rm -rf "$S"; mkdir -p "$S"
   { python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_kernels_flash_attention.py \
       -k "default_warp or (gpu_tolerance_rule and (v5 or v1) and not backward) or backward_gpu_tolerance" 2>/dev/null
     python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_kernels_paged_attention.py 2>/dev/null; } \
-    | grep '::' > "$S/ids"
-  split -n r/10 "$S/ids" "$S/shard."
-  for f in "$S"/shard.*; do
-    ( mapfile -t ids < "$f"; timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
-        > "$T.${f##*.}.txt" 2>&1 ) &
-  done
-  wait
-  echo "tests: $(wc -l < "$S/ids") collected"; grep -h -E "passed|failed|error" "$T".*.txt | grep -v "^FAILED" | cut -c1-200
-  grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -20
-  cat "$T".*.txt > "$OUT/kernel_tests_kernels3_final_h200.txt"; rm -f "$T".*.txt
+    | run_shards kernel_tests_kernels3_final_h200 10 110
   J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
   timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS \
     --out "$J" > "$TX" 2>&1; echo "fwd rc=$?"
