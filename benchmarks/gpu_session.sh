@@ -11,6 +11,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels3-sweep")  # issue 12 round 2: versions x tiles
 #                run(command="bash benchmarks/gpu_session.sh kernels3-sweep2") #   follow-up sweeps, paged study
 #                run(command="bash benchmarks/gpu_session.sh kernels3-final")  #   checks of the defaults, grids
+#                run(command="bash benchmarks/gpu_session.sh kernels3-confirm", carry=[".whl"])  # what came after it
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -159,4 +160,21 @@ kernels3-final)  # issue 12, second round, last: compiled checks of the defaults
   timeout 85 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 4096 \
     --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
   grep -E "minillm|flex|cudnn|flash" "$TX" | grep -v memory | cut -c1-90 ;;
+kernels3-confirm)  # issue 12: the changes made after kernels3-final, which no GPU has run yet (~6 min)
+  # causal v3/v5 now run v2/v4; causal backward up to 1K queries runs v2; the interpreter-vs-compiled leg now
+  # covers the TMA forward versions and the ticket merge; decode_config's B=1 L=16K entry is (4, 2)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy-*.whl >/dev/null 2>&1
+  CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 PYTHONPATH=/tmp/np:. timeout 90 \
+    python3 benchmarks/check_interpreter_vs_compiled.py dump /tmp/interp.npz
+  timeout 90 python3 benchmarks/check_interpreter_vs_compiled.py compare /tmp/interp.npz > "$OUT/interp_vs_compiled.txt" 2>&1
+  tail -1 "$OUT/interp_vs_compiled.txt"
+  python3 -m pytest --collect-only -q -p no:cacheprovider -m gpu tests/test_kernels_flash_attention.py \
+    -k "gpu_tolerance_rule and not backward and True" 2>/dev/null | run_shards kernel_tests_kernels3_confirm_h200 10 120
+  J="$OUT/flash_attention_n1k_recheck_h200.json"
+  timeout 80 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 \
+    --providers minillm sdpa_flash sdpa_cudnn sdpa_efficient --no-memory --out "$J" > "$OUT/n1k.txt" 2>&1
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 --providers flex \
+    --no-memory --append --out "$J" >> "$OUT/n1k.txt" 2>&1; echo "n1k rc=$?"; cat "$OUT/n1k.txt"
+  timeout 60 python3 benchmarks/paged_decode_study.py --parts merge sdpa --batches 1 --lengths 16384 \
+    --out "$OUT/paged_b1_16k_h200.json" > "$OUT/paged_b1_16k_h200.txt" 2>&1; tail -3 "$OUT/paged_b1_16k_h200.txt" ;;
 esac
