@@ -60,3 +60,17 @@ def test_block_allocator_claim_takes_a_specific_free_block():
 
 
 # -- PagedKVCache: growth, copy-on-write, errors ---------------------------------------------------------
+
+
+def test_drop_tail_drops_one_reference_each_last_block_first():
+    a = BlockAllocator(6)
+    table = [a.allocate() for _ in range(4)]   # blocks 0..3
+    a.incref(table[2])                          # block 2 is shared
+    a.drop_tail(table, 1)
+    assert table == [0]
+    assert a.refcount(2) == 1 and a.refcount(1) == 0 and a.refcount(3) == 0
+    assert a.free_blocks() == [4, 5, 3, 1]       # freed last block first, behind the never-used ones
+    a.drop_tail(table, 0)
+    assert table == [] and a.num_free == 5
+    with pytest.raises(ValueError, match="already free"):
+        a.drop_tail([3], 0)

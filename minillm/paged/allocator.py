@@ -117,6 +117,14 @@ class BlockAllocator:
             self._free[block] = None
         # END SOLUTION
 
+    def drop_tail(self, table: list, keep: int) -> None:
+        """Drop one reference to each block of ``table`` past its first ``keep`` (last block first, so the
+        free list gets them back in the order they were taken) and cut them from ``table``: the rollback of
+        the paged cache and of the serving block manager, and the block manager's release (``keep`` = 0)."""
+        for block in reversed(table[keep:]):
+            self.decref(block)
+        del table[keep:]
+
     def free(self, block: int) -> None:
         """Return an unshared block. Freeing a shared one would leave other owners dangling, so that is an error."""
         # BEGIN SOLUTION

@@ -230,10 +230,7 @@ class PagedKVCache:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= cur:
             raise ValueError(f"truncate needs an integer in [0, {cur}] (sequence {seq_id!r}'s length), got {n!r}")
         n, bs = int(n), self.block_size
-        keep = _ceil_div(n, bs)
-        for b in reversed(table[keep:]):
-            self.allocator.decref(b)
-        del table[keep:]
+        self.allocator.drop_tail(table, _ceil_div(n, bs))
         self.seq_lens[seq_id] = n
         chain, pending = self._chain[seq_id], self._pending[seq_id]
         full, rest = divmod(n, bs)
@@ -248,8 +245,7 @@ class PagedKVCache:
 
     def release(self, seq_id) -> None:
         """Drop the sequence and one reference to each of its blocks (last block first; see the module doc)."""
-        table = self._seq(seq_id)
-        for b in reversed(table):
+        for b in reversed(self._seq(seq_id)):  # the table itself stays as it was: callers may hold it
             self.allocator.decref(b)
         for d in (self.block_tables, self.seq_lens, self._chain, self._pending):
             del d[seq_id]

@@ -104,9 +104,7 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Drop one reference to each of the sequence's blocks, last block first (its tail is evicted first)."""
-        for block in reversed(seq.block_table):
-            self.allocator.decref(block)
-        seq.block_table.clear()
+        self.allocator.drop_tail(seq.block_table, 0)
         self._chain.pop(seq.seq_id, None)
 
     def truncate(self, seq: Sequence, n_tokens: int) -> None:
@@ -121,9 +119,7 @@ class BlockManager:
                     raise ValueError(f"sequence {seq.seq_id}: the cut at {n_tokens} falls inside block {last}, "
                                      f"which other sequences share; a rollback never reaches a shared block")
                 del self._cached[self._name.pop(last)]   # its tail is about to be overwritten
-        for block in reversed(seq.block_table[keep:]):
-            self.allocator.decref(block)
-        del seq.block_table[keep:]
+        self.allocator.drop_tail(seq.block_table, keep)
         del self._chain.setdefault(seq.seq_id, [])[n_tokens // self.block_size:]
 
     def check_invariants(self, seqs) -> None:
