@@ -73,7 +73,8 @@ def test_forward_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk):
 
 
 FWD_CASES = [  # (b, hq, hkv, nq, nk, d): GQA, Nq != Nk both ways, ragged tiles, D not a power of two
-    (1, 2, 1, 37, 53, 16), (2, 4, 2, 32, 32, 24), (1, 2, 2, 20, 45, 32), (1, 4, 1, 50, 17, 64), (1, 2, 2, 1, 33, 80)]
+    (1, 2, 1, 37, 53, 16), (2, 4, 2, 32, 32, 24), (1, 2, 2, 20, 45, 32), (1, 4, 1, 50, 17, 64), (1, 2, 2, 1, 33, 80),
+    (1, 2, 1, 20, 20, 256)]
 
 
 @pytest.mark.parametrize("impl", FWD_IMPLS)
