@@ -74,3 +74,10 @@ def test_drop_tail_drops_one_reference_each_last_block_first():
     assert table == [] and a.num_free == 5
     with pytest.raises(ValueError, match="already free"):
         a.drop_tail([3], 0)
+    live = [a.allocate(), a.allocate()]
+    with pytest.raises(ValueError, match="already free"):  # nothing is dropped when any block is bad
+        a.drop_tail(live + [3], 0)
+    assert len(live) == 2 and all(a.refcount(b) == 1 for b in live)
+    for bad in (-1, 3, 1.0, True):
+        with pytest.raises(ValueError, match="keep"):
+            a.drop_tail(live, bad)

@@ -21,8 +21,14 @@ padded to the next one inside the kernel with masked loads.
 
 Backward recomputes P from Q, K and the saved lse (P is never stored): programs that
 own a key tile accumulate dK, dV (over every query head of a GQA group), programs that
-own a query tile accumulate dQ (backward v2 below; v1, the first version, is kept for
-comparison).
+own a query tile accumulate dQ.
+
+Every version of both stays in this module, selectable, so that one benchmark can time
+them side by side (chapter 6 lists what each bought): forward v1 (pointer loads, the loop
+above) and v2-v5 (TMA tensor descriptors, warp specialization, a persistent grid; see the
+note above _fwd_inner_tma); backward v1 (two kernels, per-query-head buffers) and v2-v4
+(one launch; TMA tile loads; two launches). ``fwd_plan`` and ``bwd_plan`` pick the
+measured defaults.
 """
 from __future__ import annotations
 
@@ -176,10 +182,11 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 #   load masks at all (the scores of a ragged last key tile are still masked).
 # * v3: v2 with warp specialization (tl.range(..., warp_specialize=True)): the compiler splits the
 #   program into a producer warp group that only issues TMA loads and consumer warp groups that do the
-#   math, handing tiles over through shared-memory barriers. Non-causal only: Triton 3.6 fails to
-#   compile the causal kernel's two loops specialized (as triton#9728 reports), and with the causal
-#   loops merged into one masked loop it returned NaNs on the H200 (results/flash_attention_tune_
-#   causal_ws_h200.json), so a causal call of v3 / v5 runs v2 / v4.
+#   math, handing tiles over through shared-memory barriers. Non-causal only: with 4 warps, Triton
+#   3.6 failed to compile the causal kernel's two loops specialized (as triton#9728 reports) and,
+#   with the loops merged into one masked loop, returned NaNs on the H200; with 8 warps both forms
+#   were right but slower than v1 (results/flash_attention_tune_h200.json, _causal_ws_h200.json).
+#   So a causal call of v3 / v5 runs v2 / v4.
 # * v4: v2 with a persistent grid: one program per SM (times the occupancy) loops over the tiles,
 #   heaviest first when causal, so no SM idles in a last partial wave.
 # * v5: v4 with warp specialization on the persistent loop.
@@ -288,7 +295,7 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
     The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, B=4, H=32,
     N=1K and 4K; results/flash_attention_tune_h200.json): 64x64 tiles win up to N=1K and for causal
     D=64, where more, smaller programs fill the SMs; the TMA versions hold fewer registers and take
-    128x128 tiles. Warp specialization is only correct with the tiles it was checked with: with
+    128x128 tiles, except the persistent v4, for which 128x128 ran out of shared memory. Warp specialization is only correct with the tiles it was checked with: with
     (128, 64, 4 warps, 3 stages) it returned NaNs. fp32 tiles are twice the bytes, so they keep
     smaller pipelines that fit in shared memory (and only v1 was measured in fp32).
     """
@@ -311,17 +318,17 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
     return (128, 64, 8, 3) if causal else (128, 128, 8, 3)
 
 
-def fwd_plan(D: int, dtype, causal: bool, nk: int, interpreted: bool = INTERPRETED) -> tuple[str, int]:
+def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = INTERPRETED) -> tuple[str, int]:
     """(version, programs per SM) the forward runs by default, from the same H200 sweep.
 
-    D=128, non-causal, every key tile full (nk % 128 == 0): v5, the persistent warp-specialized
-    version (the only shape where warp specialization both compiles and wins; the causal kernel does
-    not compile specialized with 4 warps, and with one masked loop it returned NaNs). D<=64
+    v5, the persistent warp-specialized version, only where it was measured and checked: D=128,
+    non-causal, query and key lengths multiples of 128 (warp specialization returned NaNs with other
+    tiles, and causal it failed to compile with 4 warps and was slower than v1 with 8). D<=64
     non-causal past N=1K: v2, TMA. Everything else: v1. fp32 and the interpreter: v1.
     """
     if interpreted or dtype == torch.float32 or D > 128:
         return "v1", 1
-    if D > 64 and not causal and nk % 128 == 0:
+    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0:
         return "v5", 1
     if D <= 64 and not causal and nk > 1024:
         return "v2", 1
@@ -330,7 +337,7 @@ def fwd_plan(D: int, dtype, causal: bool, nk: int, interpreted: bool = INTERPRET
 
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
-_fwd_fallen_back: set = set()  # (impl, D, dtype, causal, even_n) whose compile failed once: they run v1
+_fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
 
 
 def _tma_ok(*tensors) -> bool:
@@ -338,8 +345,8 @@ def _tma_ok(*tensors) -> bool:
     per-(batch, head) bases the kernel adds to them); anything else runs the pointer version."""
     for t in tensors:
         size = t.element_size()
-        if t.data_ptr() % 16 or t.stride(-1) != 1 or any(st * size % 16 for st in t.stride()[:3]):
-            return False
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or any(st <= 0 or st * size % 16 for st in t.stride()[:3]):
+            return False  # (a broadcast dimension, stride 0, goes through pointer loads too)
     return True
 
 
@@ -380,7 +387,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     if impl is None:
-        impl, per_sm = fwd_plan(D, q.dtype, causal, Nk)
+        impl, per_sm = fwd_plan(D, q.dtype, causal, Nq, Nk)
         programs_per_sm = programs_per_sm or per_sm
     if impl not in FWD_IMPLS:
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
@@ -409,10 +416,10 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                                      *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
                                      **common)
 
-    key = (impl, D, q.dtype, causal, Nk % 128 == 0)
-    if impl != "v1" and config is None and key in _fwd_fallen_back:
-        impl = "v1"
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
+    key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0)  # a ragged last key tile compiles another loop
+    if impl != "v1" and config is None and key in _fwd_fallen_back:
+        impl, cfg = "v1", _blocks(D, q.dtype, causal=causal, n=Nk)
     try:
         kern = launch(impl, cfg)
     except Exception as e:  # noqa: BLE001  (only a compile failure of a TMA version with default tiles)
@@ -860,8 +867,9 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
 def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bool = INTERPRETED) -> str:
     """The backward version run by default, from the H200 runs (bf16, B=4, H=32): v4 (TMA, two
     launches) at D<=64 and v3 (TMA, one launch) at D<=128, where they won at N=4K. Causal attention
-    over at most 1K queries keeps v2: there v3 ran fwd+bwd in 0.75 ms against v2's 0.51 ms at D=128
-    (results/flash_attention_n1k_recheck_h200.json, results/flash_attention_bwd_h200.json). fp32,
+    over at most 1K queries keeps v2: at D=128 v2 ran fwd+bwd in 0.51 ms in one run
+    (results/flash_attention_bwd_h200.json) and v3 0.75 ms in a later one
+    (results/flash_attention_n1k_recheck_h200.json); D=64 was not measured with v2 there. fp32,
     D>128 and the interpreter, where TMA was not measured, run v2 too."""
     if interpreted or dtype == torch.float32 or D > 128 or (causal and n <= 1024):
         return "v2"
@@ -873,6 +881,7 @@ def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bo
 _BWD_FALLBACKS = ((64, 64, 64, 64, 4, 2), (32, 64, 64, 32, 4, 1), (16, 32, 32, 16, 4, 1))
 _bwd_config_chosen: dict = {}
 last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
+last_backward_path = None  # ("tma" or "pointers", "split" or "one launch") of the latest backward v2-v4 call
 
 
 def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, tma: bool = False,
@@ -913,7 +922,7 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
         _bwd_kernel_v2[(n_q * group, B * Hkv)](*args, SIDE=2, num_warps=warps2, num_stages=stages2, **common)
         return kern
 
-    global last_backward_kernel, last_backward_config
+    global last_backward_kernel, last_backward_config, last_backward_path
     if config is not None:
         candidates = [tuple(config)]
     else:
@@ -933,6 +942,7 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
         if config is None:
             _bwd_config_chosen[key] = cfg
         last_backward_config = cfg
+        last_backward_path = ("tma" if tma else "pointers", "split" if split else "one launch")
         return dq, dk, dv
 
 

@@ -121,7 +121,12 @@ class BlockAllocator:
         """Drop one reference to each block of ``table`` past its first ``keep`` (last block first, so the
         free list gets them back in the order they were taken) and cut them from ``table``: the rollback of
         the paged cache and of the serving block manager, and the block manager's release (``keep`` = 0)."""
-        for block in reversed(table[keep:]):
+        if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or not 0 <= keep <= len(table):
+            raise ValueError(f"keep must be an integer in [0, {len(table)}], got {keep!r}")
+        tail = [self._known(b) for b in table[keep:]]
+        if any(not self._refs[b] for b in tail):  # check all before changing any: no half-done rollback
+            raise ValueError(f"blocks {[b for b in tail if not self._refs[b]]} are already free (double free)")
+        for block in reversed(tail):
             self.decref(block)
         del table[keep:]
 
