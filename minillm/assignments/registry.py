@@ -152,7 +152,10 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "The NumPy and Triton forwards match standard attention for odd lengths, GQA, causal masks with "
         "Nq != Nk, tiny blocks and huge logits.",
         "Benchmark the Triton forward against torch's scaled_dot_product_attention on a GPU at N = 1k-16k "
-        "(target: at least 70% of its throughput at N = 4096, bf16, d = 128).", needs_triton=True),
+        "(target: at least 70% of its throughput at N = 4096, bf16, d = 128). Then load K and V through "
+        "tensor descriptors (tl.make_tensor_descriptor) as the module's forward v2 does, and time your two "
+        "versions side by side with benchmarks/flash_attention_tune.py-style checks against cuDNN.",
+        needs_triton=True),
     Assignment(
         7, "Paged attention: block allocator, copy-on-write and the paged decode kernel",
         "chapters/07_paged_attention",
