@@ -136,6 +136,17 @@ def test_forward_falls_back_to_v1_when_a_tma_version_fails_to_compile(monkeypatc
         fa._forward(q, k, v, False, 32 ** -0.5, impl="v3", config=(16, 16, 1, 1))
 
 
+def test_forward_tma_falls_back_to_pointers_for_broadcast_heads():
+    """K and V expanded over heads (stride 0) are not given to a tensor descriptor: v1 runs them."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(1, 2, 1, 9, 9, 32, torch.float32)
+    k2, v2 = (t.expand(1, 2, 9, 32) for t in (k, v))
+    o, _ = fa._forward(q, k2, v2, True, 32 ** -0.5, impl="v2")
+    assert fa.last_forward_impl == "v1"
+    np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float32])
+
+
 def test_forward_tma_falls_back_to_pointers_for_unaligned_rows():
     """fp16 rows of 20 elements are 40 bytes, not a multiple of 16: a TMA version runs v1 instead."""
     from minillm.kernels import flash_attention as fa
