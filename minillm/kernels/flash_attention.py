@@ -88,6 +88,28 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _key_range(m0, Nk, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full, hi) for the query tile starting at row m0: key tiles [0, full) are valid for every row of
+    the tile and run unmasked; [full, hi) need masks (the causal diagonal, and the ragged last tile when
+    Nk is not a multiple of BLOCK_N). Causal: query i sees keys j <= i + offset."""
+    full = (Nk // BLOCK_N) * BLOCK_N
+    hi = Nk
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(Nk, m0 + BLOCK_M + offset), 0)
+        first_row_sees = tl.maximum(m0 + offset + 1, 0)  # keys the tile's first row sees
+        full = tl.minimum(full, (first_row_sees // BLOCK_N) * BLOCK_N)
+    return full, hi
+
+
+@triton.jit
+def _normalize(acc, l, m):
+    """The forward's epilogue: O = acc / l and the natural-log LSE (m is in log2 units); a row that saw
+    no key gets zeros and lse = -inf."""
+    l_safe = tl.where(l > 0, l, 1.0)
+    return acc / l_safe[:, None], tl.where(l > 0, (m + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
+
+
+@triton.jit
 def _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn, svn, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                PAD_D: tl.constexpr, IEEE: tl.constexpr):
@@ -150,25 +172,16 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq  # bottom-right alignment
-    # Key tiles [0, full) are valid for every row of this query tile; [full, hi) need masks
-    # (the causal diagonal, and the ragged last tile when Nk is not a multiple of BLOCK_N).
-    full = (Nk // BLOCK_N) * BLOCK_N
-    hi = Nk
-    if CAUSAL:
-        hi = tl.minimum(Nk, (pid_m + 1) * BLOCK_M + offset)
-        first_row_sees = tl.maximum(pid_m * BLOCK_M + offset + 1, 0)  # keys the tile's first row sees
-        full = tl.minimum(full, (first_row_sees // BLOCK_N) * BLOCK_N)
+    full, hi = _key_range(pid_m * BLOCK_M, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     acc, l, m = _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, 0, full, Nk, offset, skn, svn, qk_scale,
                            HEAD_DIM, BLOCK_N, False, CAUSAL, PAD_D, IEEE)
     acc, l, m = _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, full, hi, Nk, offset, skn, svn, qk_scale,
                            HEAD_DIM, BLOCK_N, True, CAUSAL, PAD_D, IEEE)
-    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    o, lse = _normalize(acc, l, m)
     tl.store(O + b * sob + h * soh + rows[:, None] * son + dims[None, :], o.to(O.dtype.element_ty),
              mask=(rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM))
-    # natural-log LSE: m is in log2 units
-    lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
@@ -245,18 +258,14 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
-    full = (Nk // BLOCK_N) * BLOCK_N
-    hi = Nk
-    if CAUSAL:
-        hi = tl.minimum(Nk, m0 + BLOCK_M + offset)
-        full = tl.minimum(full, (tl.maximum(m0 + offset + 1, 0) // BLOCK_N) * BLOCK_N)
+    full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
                                False, CAUSAL, IEEE, WS)
     if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale, BLOCK_N,
                                    True, CAUSAL, IEEE, False)
-    o_desc.store([m0, 0], (acc / tl.where(l > 0, l, 1.0)[:, None]).to(O.dtype.element_ty))
-    lse = tl.where(l > 0, (m + tl.log2(tl.where(l > 0, l, 1.0))) / 1.4426950408889634, float("-inf"))
+    o, lse = _normalize(acc, l, m)
+    o_desc.store([m0, 0], o.to(O.dtype.element_ty))
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
@@ -295,8 +304,9 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
     The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, B=4, H=32,
     N=1K and 4K; results/flash_attention_tune_h200.json): 64x64 tiles win up to N=1K and for causal
     D=64, where more, smaller programs fill the SMs; the TMA versions hold fewer registers and take
-    128x128 tiles, except the persistent v4, for which 128x128 ran out of shared memory. Warp specialization is only correct with the tiles it was checked with: with
-    (128, 64, 4 warps, 3 stages) it returned NaNs. fp32 tiles are twice the bytes, so they keep
+    128x128 tiles, except the persistent v4, for which 128x128 ran out of shared memory. Warp
+    specialization is only correct with the tiles it was checked with: with (128, 64, 4 warps,
+    3 stages) it returned NaNs. fp32 tiles are twice the bytes, so they keep
     smaller pipelines that fit in shared memory (and only v1 was measured in fp32).
     """
     if interpreted:
@@ -786,12 +796,7 @@ def _bwd_dq_tile(j, b, hk, Q, K, V, DO, LSE2, DELTA, DQ, sm_scale, qk_scale, Nq,
     lse2 = tl.load(LSE2 + bh * Nq + rows, mask=in_q, other=float("inf"))
     delta = tl.load(DELTA + bh * Nq + rows, mask=in_q, other=0.0)
     dq = tl.zeros([BLOCK_M2, BLOCK_D], tl.float32)
-    full = (Nk // BLOCK_N2) * BLOCK_N2
-    hi = Nk
-    if CAUSAL:
-        hi = tl.maximum(tl.minimum(Nk, (pid_m + 1) * BLOCK_M2 + offset), 0)
-        first_row_sees = tl.maximum(pid_m * BLOCK_M2 + offset + 1, 0)  # keys the tile's first row sees
-        full = tl.minimum(full, (first_row_sees // BLOCK_N2) * BLOCK_N2)
+    full, hi = _key_range(pid_m * BLOCK_M2, Nk, offset, BLOCK_M2, BLOCK_N2, CAUSAL)
     if TMA:
         k_src = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Nk, HEAD_DIM], strides=[skn, 1],
                                           block_shape=[BLOCK_N2, BLOCK_D])

@@ -30,7 +30,7 @@ from . import INTERPRETED, check_placement, check_tensors
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
-DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says; the GPU sweep decides the default
+DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
 
