@@ -12,6 +12,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels3-sweep2") #   follow-up sweeps, paged study
 #                run(command="bash benchmarks/gpu_session.sh kernels3-final")  #   checks of the defaults, grids
 #                run(command="bash benchmarks/gpu_session.sh kernels3-confirm", carry=[".whl"])  # what came after it
+#                run(command="bash benchmarks/gpu_session.sh kernels4-diag")  # where the remaining misses go
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -177,4 +178,13 @@ kernels3-confirm)  # issue 12: the changes made after kernels3-final, which no G
     --no-memory --append --out "$J" >> "$OUT/n1k.txt" 2>&1; echo "n1k rc=$?"; cat "$OUT/n1k.txt"
   timeout 60 python3 benchmarks/paged_decode_study.py --parts merge sdpa --batches 1 --lengths 16384 \
     --out "$OUT/paged_b1_16k_h200.json" > "$OUT/paged_b1_16k_h200.txt" 2>&1; tail -3 "$OUT/paged_b1_16k_h200.txt" ;;
+kernels4-diag)  # issue 12, third round: where the remaining misses go (~4 min)
+  # paged B=16 at short L: split counts under the 4 that default_splits picks (1 writes directly, no merge launch)
+  timeout 90 python3 benchmarks/paged_attention_bench.py --batches 16 --lengths 1024 4096 --block-sizes 16 \
+    --sweep-splits 1 2 3 4 --sweep-tiles --out "$OUT/paged_b16_splits_h200.json" > "$OUT/paged_b16_splits_h200.txt" 2>&1
+  tail -12 "$OUT/paged_b16_splits_h200.txt"
+  # N=1K: every backward version, both causal settings, both head dims, FA2/cuDNN (and flex) in the same process
+  timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 \
+    --sweep --out "$OUT/flash_attention_bwd_n1k_h200.json" > "$OUT/flash_attention_bwd_n1k_h200.txt" 2>&1
+  tail -30 "$OUT/flash_attention_bwd_n1k_h200.txt" ;;
 esac
