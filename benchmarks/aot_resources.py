@@ -1,6 +1,7 @@
 """Compile minillm's Triton kernels for sm_90 on a machine without a GPU and report their resources.
 
     python benchmarks/aot_resources.py                  # backward v2 table configs and the sweep, bf16
+    python benchmarks/aot_resources.py --impl v5        # backward v5 (dQ by TMA reductions) and its sweep
     python benchmarks/aot_resources.py --kernel paged   # the paged decode kernel per (num_warps, num_stages)
     python benchmarks/aot_resources.py --kernel paged --merge ticket   # ... merging in the last program
 
@@ -66,27 +67,40 @@ def compile_sm90(kernel, types: dict, consts: dict, warps: int, stages: int) -> 
     return {"regs": int(m.group(1)), "stack_bytes": int(m.group(2)), "shared_bytes": cc.metadata.shared}
 
 
+# per backward version: the sweep list in flash_attention_bwd_bench.py, and the kernel's constexprs
+BWD_VERSIONS = {"v2": ("SWEEP", dict(TMA=False, SIDE=0)), "v3": ("SWEEP_TMA", dict(TMA=True, SIDE=0)),
+                "v5": ("SWEEP_ATOMIC", dict(TMA=True, SIDE=1, DQ_ATOMIC=2))}
+
+
 def backward(args):
     fa = load_compiled("flash_attention", {"from ..attention import": "from minillm.attention import",
                                            "from . import INTERPRETED, check_placement, check_tensors": STUB})
     import torch
 
     kern = fa._bwd_kernel_v2
+    sweep_name, flags = BWD_VERSIONS[args.impl]
     types = {n: "i32" for n in kern.arg_names}
     types.update({n: "*bf16" for n in ("Q", "K", "V", "DO", "DQ", "DK", "DV")})
     types.update(LSE2="*fp32", DELTA="*fp32", sm_scale="fp32", qk_scale="fp32")
-    sweep = load_sweep()
-    print(f"{'D':>4s} {'config (M1,N1,M2,N2,w,s)':28s} {'causal':>6s} {'GQA':>4s} {'regs':>5s} {'stack B':>8s} "
+    if flags.get("DQ_ATOMIC"):
+        types["DQ"] = "*fp32"
+    if flags["TMA"]:
+        fa._ensure_allocator = lambda: None
+    sweep = load_sweep(sweep_name)
+    print(f"backward {args.impl}\n{'D':>4s} {'config':34s} {'causal':>6s} {'GQA':>4s} {'regs':>5s} {'stack B':>8s} "
           f"{'smem KiB':>8s}")
     for d in args.head_dims:
-        configs = [fa._bwd_blocks(d, torch.bfloat16, interpreted=False)] + [c for c in sweep if d <= 128]
+        configs = [fa._bwd_blocks(d, torch.bfloat16, interpreted=False, impl=args.impl)] + [c for c in sweep
+                                                                                             if d <= 128]
         for cfg in dict.fromkeys(configs):
             m1, n1, m2, n2, w, s = cfg[:6]
             for causal in (False, True):
                 for gqa in (False, True):  # GROUP == 1 is specialized to a constant by Triton
                     bd = max(16, triton.next_power_of_2(d))
                     consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2,
-                                  CAUSAL=causal, PAD_D=bd != d, IEEE=False, TMA=False, SIDE=0)
+                                  CAUSAL=causal, PAD_D=bd != d, IEEE=False, **flags)
+                    if flags.get("DQ_ATOMIC"):
+                        consts["ROTATE"] = bool(cfg[6]) if len(cfg) > 6 else True
                     if not gqa:
                         consts["GROUP"] = 1
                     try:
@@ -94,14 +108,15 @@ def backward(args):
                         shown = f"{r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
                     except Exception as e:  # e.g. out of resources at compile time
                         shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
-                    print(f"{d:4d} {str(cfg):28s} {str(causal):>6s} {str(gqa):>4s} {shown}", flush=True)
+                    print(f"{d:4d} {str(cfg):34s} {str(causal):>6s} {str(gqa):>4s} {shown}", flush=True)
 
 
-def load_sweep():
-    spec = importlib.util.spec_from_file_location("bwd_bench_src", ROOT / "benchmarks" / "flash_attention_bwd_bench.py")
-    text = spec.loader.get_data(str(ROOT / "benchmarks" / "flash_attention_bwd_bench.py")).decode()
-    block = text[text.index("SWEEP = ["):]
-    return eval(block[len("SWEEP = "):block.index("]\n") + 1])  # the literal list of tuples, without importing torch.cuda
+def load_sweep(name: str = "SWEEP"):
+    """The literal list of tuples ``name = [...]`` in flash_attention_bwd_bench.py, read without importing it
+    (the bench imports torch.cuda)."""
+    text = (ROOT / "benchmarks" / "flash_attention_bwd_bench.py").read_text()
+    block = text[text.index(f"\n{name} = [") + len(name) + 4:]
+    return eval(block[:block.index("]\n") + 1])
 
 
 def paged(args):
@@ -126,6 +141,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=["backward", "paged"], default="backward")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--impl", choices=list(BWD_VERSIONS), default="v2", help="backward: which version's sweep")
     ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
     args = ap.parse_args(argv)
     backward(args) if args.kernel == "backward" else paged(args)

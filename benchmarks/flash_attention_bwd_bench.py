@@ -1,4 +1,4 @@
-"""Backward versions (v1-v4) of minillm's FlashAttention against SDPA (FA2, cuDNN) and flex_attention, one process.
+"""Backward versions (v1-v5) of minillm's FlashAttention against SDPA (FA2, cuDNN) and flex_attention, one process.
 
     python benchmarks/flash_attention_bwd_bench.py --out benchmarks/results/flash_attention_bwd_h200.json
 
@@ -10,7 +10,7 @@ count useful FLOPs: forward 4*B*H*N^2*D (x0.5 causal), backward 2.5x that, fwd+b
 Every minillm row also records its gradients' largest difference from cuDNN's (else FA2's), so a
 fast wrong kernel shows up as wrong. ``--sweep`` adds backward v2 tile configs at one point with the
 compiler's registers, spills and shared memory, for each version in --sweep-impls (v4 configs carry a
-second (num_warps, num_stages) for its dQ launch). Each row is written to --out as soon as it is
+second (num_warps, num_stages) for its dQ launch; v5 configs a flag for rotating the query tiles' order). Each row is written to --out as soon as it is
 measured; a provider that fails is recorded with its error and the run goes on.
 """
 from __future__ import annotations
@@ -39,7 +39,12 @@ SWEEP_TMA = [(64, 128, 128, 64, 8, 3), (64, 128, 128, 64, 8, 4), (32, 128, 128, 
              (64, 128, 128, 128, 8, 3), (32, 128, 128, 32, 8, 4)]
 SWEEP_SPLIT = [(64, 128, 128, 64, 8, 3, 8, 3), (64, 128, 128, 64, 8, 3, 4, 3), (32, 128, 128, 64, 8, 3, 8, 2),
                (64, 128, 64, 64, 8, 3, 4, 3), (32, 64, 64, 64, 4, 3, 4, 3), (64, 128, 128, 128, 8, 4, 8, 2)]
-SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT}
+# v5 has no dQ side: (M1, N1, M1, N1, warps, stages, rotate); FA3's sm90 tile (64 x 128, two consumer warp groups)
+# first, then rotation off, deeper pipelines, and smaller tiles
+SWEEP_ATOMIC = [(64, 128, 64, 128, 8, 2, 1), (64, 128, 64, 128, 8, 2, 0), (64, 128, 64, 128, 8, 3, 1),
+                (32, 128, 32, 128, 8, 3, 1), (64, 64, 64, 64, 4, 3, 1), (64, 64, 64, 64, 8, 3, 1),
+                (128, 128, 128, 128, 8, 2, 1), (32, 64, 32, 64, 4, 3, 1)]
+SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT, "v5": SWEEP_ATOMIC}
 
 
 def forward_fn(name, causal, gqa):
@@ -99,7 +104,7 @@ def main(argv=None):
     ap.add_argument("--out")
     ap.add_argument("--points", nargs="+", default=["128:1024", "128:4096", "64:4096"], help="D:N pairs")
     ap.add_argument("--providers", nargs="+", default=["minillm_v1", "minillm_v2", "minillm_v3", "minillm_v4",
-                                                          "sdpa_flash", "sdpa_cudnn"])
+                                                          "minillm_v5", "sdpa_flash", "sdpa_cudnn"])
     ap.add_argument("--flex-points", nargs="*", default=["128:4096"], help="D:N pairs that also time flex")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
@@ -158,9 +163,10 @@ def main(argv=None):
                     ms_fb, ms_b = time_provider(fn, q, k, v, do)
                     row.update(ms_fwd_bwd=ms_fb, tflops_fwd_bwd=3.5 * fwd_flops / (ms_fb * 1e-3) / 1e12,
                                ms_bwd=ms_b, tflops_bwd=2.5 * fwd_flops / (ms_b * 1e-3) / 1e12)
-                    if name in ("minillm_v2", "minillm_v3", "minillm_v4") and fa.last_backward_kernel is not None:
+                    if name in ("minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
+                            fa.last_backward_kernel is not None:
                         kern = fa.last_backward_kernel
-                        row.update(config=fa.last_backward_config, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
+                        row.update(config=fa.last_backward_config, path=fa.last_backward_path, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
                                    shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
                 except Exception as e:  # a backend that does not support the shape, or a compile failure
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -196,7 +202,7 @@ def sweep_point(args, B, H, Hkv, save, d, n):
             o, lse = fa._forward(q, k, v, causal, d ** -0.5)
             want = fa._backward(q, k, v, o, lse, do, causal, d ** -0.5, "v1")
             fwd_flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
-            flags = {"tma": impl in ("v3", "v4"), "split": impl == "v4"}
+            flags = {"tma": impl in ("v3", "v4", "v5"), "split": impl == "v4", "dq_atomic": impl == "v5"}
             for cfg in SWEEPS[impl]:
                 row = {"D": d, "N": n, "causal": causal, "provider": f"minillm_{impl}", "sweep": True, "config": cfg}
                 run = lambda: fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg, **flags)  # noqa: E731
@@ -206,7 +212,8 @@ def sweep_point(args, B, H, Hkv, save, d, n):
                     row.update(max_abs_diff_vs_v1={f"d{x}": float((a.float() - b.float()).abs().max())
                                                    for x, a, b in zip("qkv", got, want)},
                                regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
-                               shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
+                               shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None),
+                               path=fa.last_backward_path)
                     ms = median_ms(run, warmup=25, rep=150)
                     row.update(ms_bwd=ms, tflops_bwd=2.5 * fwd_flops / (ms * 1e-3) / 1e12)
                 except Exception as e:  # out of shared memory / registers for this tile shape: record, go on

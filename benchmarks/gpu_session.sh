@@ -12,7 +12,8 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels3-sweep2") #   follow-up sweeps, paged study
 #                run(command="bash benchmarks/gpu_session.sh kernels3-final")  #   checks of the defaults, grids
 #                run(command="bash benchmarks/gpu_session.sh kernels3-confirm", carry=[".whl"])  # what came after it
-#                run(command="bash benchmarks/gpu_session.sh kernels4-diag")  # where the remaining misses go
+#                run(command="bash benchmarks/gpu_session.sh kernels4-a", carry=[".whl"])  # round 3: checks, bwd v5
+#                run(command="bash benchmarks/gpu_session.sh kernels4-b")  #   N=1K versions, paged B=16 splits
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -178,13 +179,37 @@ kernels3-confirm)  # issue 12: the changes made after kernels3-final, which no G
     --no-memory --append --out "$J" >> "$OUT/n1k.txt" 2>&1; echo "n1k rc=$?"; cat "$OUT/n1k.txt"
   timeout 60 python3 benchmarks/paged_decode_study.py --parts merge sdpa --batches 1 --lengths 16384 \
     --out "$OUT/paged_b1_16k_h200.json" > "$OUT/paged_b1_16k_h200.txt" 2>&1; tail -3 "$OUT/paged_b1_16k_h200.txt" ;;
-kernels4-diag)  # issue 12, third round: where the remaining misses go (~4 min)
+kernels4-a)  # issue 12, third round, first command (~8 min): what no GPU has run yet, and backward v5
+  # (1) interpreter vs compiled with the TMA forward versions and the ticket merge; (2) compiled tests: causal
+  # v3/v5 routed to v2/v4, the new _key_range/_normalize helpers, backward v5 (TMA reductions of dQ) against
+  # float64 and on ragged tile shapes; (3) backward v5 beside v3/v4, FA2 and cuDNN at N=4K, and its tile sweep
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy-*.whl >/dev/null 2>&1
+  CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 PYTHONPATH=/tmp/np:. timeout 90 \
+    python3 benchmarks/check_interpreter_vs_compiled.py dump /tmp/interp.npz
+  timeout 90 python3 benchmarks/check_interpreter_vs_compiled.py compare /tmp/interp.npz > "$OUT/interp_vs_compiled.txt" 2>&1
+  tail -1 "$OUT/interp_vs_compiled.txt"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "(gpu_tolerance_rule and not backward and True) or (backward_gpu_tolerance_rule and v5) or (impls_match and v5) or (tile_shapes and True-False-True) or pointer_atomics" \
+    2>/dev/null | run_shards kernel_tests_kernels4_h200 12 150
+  timeout 330 python3 benchmarks/flash_attention_bwd_bench.py --points 128:4096 64:4096 \
+    --providers minillm_v3 minillm_v4 minillm_v5 sdpa_flash sdpa_cudnn --flex-points --sweep 128:4096 64:4096 \
+    --sweep-impls v5 --out "$OUT/flash_attention_bwd_v5_h200.json" > "$OUT/flash_attention_bwd_v5_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_bwd_v5_h200.txt" ;;
+kernels4-b)  # issue 12, third round, second command (~7 min): where the remaining misses go
+  # N=1K: every backward version, both causal settings, both head dims, FA2/cuDNN and flex in the same process
+  timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --sweep --out "$OUT/flash_attention_bwd_n1k_h200.json" > "$OUT/flash_attention_bwd_n1k_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_bwd_n1k_h200.txt"
   # paged B=16 at short L: split counts under the 4 that default_splits picks (1 writes directly, no merge launch)
   timeout 90 python3 benchmarks/paged_attention_bench.py --batches 16 --lengths 1024 4096 --block-sizes 16 \
     --sweep-splits 1 2 3 4 --sweep-tiles --out "$OUT/paged_b16_splits_h200.json" > "$OUT/paged_b16_splits_h200.txt" 2>&1
   tail -12 "$OUT/paged_b16_splits_h200.txt"
-  # N=1K: every backward version, both causal settings, both head dims, FA2/cuDNN (and flex) in the same process
-  timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 \
-    --sweep --out "$OUT/flash_attention_bwd_n1k_h200.json" > "$OUT/flash_attention_bwd_n1k_h200.txt" 2>&1
-  tail -30 "$OUT/flash_attention_bwd_n1k_h200.txt" ;;
+  timeout 60 python3 benchmarks/paged_decode_study.py --parts merge sdpa --batches 1 --lengths 16384 \
+    --out "$OUT/paged_b1_16k_h200.json" > "$OUT/paged_b1_16k_h200.txt" 2>&1; tail -3 "$OUT/paged_b1_16k_h200.txt"
+  # the N=1K column as the targets read it: defaults (fwd_plan, bwd_plan) beside FA2, cuDNN and flex
+  J="$OUT/flash_attention_n1k_recheck_h200.json"
+  timeout 80 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 \
+    --providers minillm sdpa_flash sdpa_cudnn sdpa_efficient --no-memory --out "$J" > "$OUT/n1k.txt" 2>&1
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 --providers flex \
+    --no-memory --append --out "$J" >> "$OUT/n1k.txt" 2>&1; echo "n1k rc=$?"; cat "$OUT/n1k.txt" ;;
 esac

@@ -217,8 +217,10 @@ def test_flash_attention_backward_impls_match_reference(case, dtype, bwd_impl):
         np.testing.assert_allclose(g, w, atol=BWD_TOL[dtype], err_msg=f"d{name}")
     if bwd_impl != "v1":  # the path the version names was taken (an unaligned shape would fall back to pointers)
         aligned = case[5] * torch.tensor([], dtype=dtype).element_size() % 16 == 0
-        want_path = ("tma" if bwd_impl in ("v3", "v4") and aligned else "pointers",
+        want_path = ("tma" if bwd_impl in ("v3", "v4", "v5") and aligned else "pointers",
                      "split" if bwd_impl == "v4" else "one launch")
+        if bwd_impl == "v5":  # TMA reductions compiled; the interpreter has none, so pointer atomics there
+            want_path += ("tma reduce" if aligned and DEVICE == "cuda" else "pointer atomics",)
         assert fa.last_backward_path == want_path
 
 
@@ -228,19 +230,55 @@ BWD_TILE_CONFIGS = ([(16, 32, 32, 16, 1, 1), (32, 16, 16, 32, 1, 1), (16, 64, 64
                     else [(64, 128, 128, 64, 8, 3), (32, 64, 64, 32, 4, 2), (128, 64, 64, 128, 8, 2)])
 
 
-@pytest.mark.parametrize("tma,split", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("tma,split,dq_atomic", [(False, False, False), (True, False, False), (True, True, False),
+                                                  (True, False, True)])
 @pytest.mark.parametrize("config", BWD_TILE_CONFIGS)  # (M1, N1, M2, N2, warps, stages)
 @pytest.mark.parametrize("nq,nk,hq,hkv", [(45, 100, 4, 2), (100, 45, 2, 1), (70, 70, 2, 2), (1, 33, 2, 1), (50, 48, 2, 1)])
-def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk, hq, hkv, tma, split):
-    """M1 != N1 and M2 != N2 move where the diagonal band ends and the unmasked interior begins."""
+def test_backward_v2_tile_shapes_split_masked_and_unmasked_loops(config, nq, nk, hq, hkv, tma, split, dq_atomic):
+    """M1 != N1 and M2 != N2 move where the diagonal band ends and the unmasked interior begins; with
+    dQ by atomics (v5), every (key tile, query tile) pair must add its share exactly once."""
     from minillm.kernels.flash_attention import _backward_v2
 
     for causal in (False, True):
         got, want = grads_and_reference(1, hq, hkv, nq, nk, 32, causal, TILE_TEST_DTYPE,
                                         lambda *t: _backward_v2(*t, causal, 32 ** -0.5, config=config, tma=tma,
-                                                                split=split))
+                                                                split=split, dq_atomic=dq_atomic))
         for name, g, w in zip("qkv", got, want):
             np.testing.assert_allclose(g, w, atol=BWD_TOL[TILE_TEST_DTYPE], err_msg=f"d{name} causal={causal}")
+
+
+def test_backward_v5_falls_back_to_pointer_atomics_when_the_tma_reduction_fails_to_compile(monkeypatch):
+    """A Triton that cannot compile the TMA reduction of dQ runs the pointer-atomic version, remembers
+    that per (head dim, dtype), and says so in last_backward_path."""
+    from triton.compiler.errors import CompilationError
+
+    from minillm.kernels import flash_attention as fa
+
+    real = fa._bwd_kernel_v2
+    tried = []
+
+    class ReductionDoesNotCompile:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tried.append(kw.get("DQ_ATOMIC"))
+                if kw.get("DQ_ATOMIC") == 2:
+                    raise CompilationError("src", None, "descriptor reduce: unsupported")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(fa, "INTERPRETED", False)  # as if compiled: the first launch asks for the TMA reduction
+    monkeypatch.setattr(fa, "_ensure_allocator", lambda: None)
+    monkeypatch.setattr(fa, "_bwd_kernel_v2", ReductionDoesNotCompile())
+    monkeypatch.setattr(fa, "_tma_reduce_failed", set())
+    monkeypatch.setattr(fa, "_bwd_config_chosen", {})
+    cfg = fa._bwd_blocks(32, torch.float32, interpreted=True)
+    got, want = grads_and_reference(1, 4, 2, 40, 33, 32, True, torch.float32,
+                                    lambda *t: fa._backward_v2(*t, True, 32 ** -0.5, config=cfg, tma=True,
+                                                               dq_atomic=True))
+    assert tried == [2, 1] and fa.last_backward_path[-1] == "pointer atomics"
+    assert (32, torch.float32) in fa._tma_reduce_failed
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=5e-5)
 
 
 def test_backward_v2_falls_back_when_the_table_config_does_not_fit(monkeypatch):
