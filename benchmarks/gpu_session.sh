@@ -13,6 +13,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels3-final")  #   checks of the defaults, grids
 #                run(command="bash benchmarks/gpu_session.sh kernels3-confirm", carry=[".whl"])  # what came after it
 #                run(command="bash benchmarks/gpu_session.sh kernels4-a", carry=[".whl"])  # round 3: checks, bwd v5
+#                run(command="bash benchmarks/gpu_session.sh kernels4-repeat")  # wrong results that come and go
 #                run(command="bash benchmarks/gpu_session.sh kernels4-b")  #   N=1K versions, paged B=16 splits
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -195,6 +196,10 @@ kernels4-a)  # issue 12, third round, first command (~8 min): what no GPU has ru
     --providers minillm_v3 minillm_v4 minillm_v5 sdpa_flash sdpa_cudnn --flex-points --sweep 128:4096 64:4096 \
     --sweep-impls v5 --out "$OUT/flash_attention_bwd_v5_h200.json" > "$OUT/flash_attention_bwd_v5_h200.txt" 2>&1
   echo "bwd rc=$?"; cat "$OUT/flash_attention_bwd_v5_h200.txt" ;;
+kernels4-repeat)  # every forward version 20 times per shape on NaN-poisoned memory vs cuDNN; backward v3-v5 behind fwd v1
+  timeout 420 python3 benchmarks/check_forward_repeats.py --bwd-impls v3 v4 v5 \
+    --out "$OUT/forward_repeats_h200.json" > "$OUT/forward_repeats_h200.txt" 2>&1; echo "rc=$?"
+  cat "$OUT/forward_repeats_h200.txt" ;;
 kernels4-b)  # issue 12, third round, second command (~7 min): where the remaining misses go
   # N=1K: every backward version, both causal settings, both head dims, FA2/cuDNN and flex in the same process
   timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \

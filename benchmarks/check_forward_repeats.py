@@ -1,0 +1,101 @@
+"""Repeat each forward version many times on poisoned memory and compare every call with cuDNN.
+
+    python benchmarks/check_forward_repeats.py --out benchmarks/results/forward_repeats_h200.json
+
+A kernel that skips a tile, or a warp-specialized pipeline with a race, can be right on one call
+and wrong on the next. Before each call the caching allocator is handed a NaN-filled block of the
+output's size, which the call's output then reuses: an unwritten tile shows up as NaN instead of
+as whatever the block held. Each row: version, shape, calls, how many calls were wrong (max abs
+difference from cuDNN over 2x the tolerance of the bf16 output, or non-finite), the worst
+difference, and for the backward rows the same for the gradients. bf16, B=4, H=32.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minillm.kernels import flash_attention as fa  # noqa: E402
+
+from _common import run_meta  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+
+def cudnn(q, k, v, causal):
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def poison(nbytes: int) -> None:
+    t = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    t.fill_(float("nan"))
+    del t
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--impls", nargs="+", default=list(fa.FWD_IMPLS) + ["default"])
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--bwd-impls", nargs="*", default=[], help="also check gradients of these backward versions")
+    ap.add_argument("--tol", type=float, default=2e-2, help="max abs difference from cuDNN counted as right")
+    args = ap.parse_args(argv)
+    rows = []
+    meta = run_meta(dtype="bfloat16", batch=4, heads=32, calls=args.calls, tol=args.tol)
+    for d in args.head_dims:
+        for n in args.seq_lens:
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(n + d + causal)
+                q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                               for _ in range(4))
+                want = cudnn(q, k, v, causal)
+                for impl in args.impls:
+                    bad, worst, ran = 0, 0.0, set()
+                    for _ in range(args.calls):
+                        poison(q.numel() * 2)
+                        o = fa.flash_attention(q, k, v, causal=causal, fwd_impl=None if impl == "default" else impl)
+                        ran.add(fa.last_forward_impl)
+                        err = (o.float() - want.float()).abs().max().item()
+                        if not err <= args.tol:  # NaN counts as wrong
+                            bad += 1
+                        worst = err if err != err or err > worst else worst
+                    row = dict(D=d, N=n, causal=causal, impl=impl, ran=sorted(ran), calls=args.calls, wrong=bad,
+                               worst=worst)
+                    rows.append(row)
+                    print(f"D={d:3d} N={n:5d} causal={causal!s:5s} fwd {impl:7s} ran {','.join(sorted(ran)):5s} "
+                          f"wrong {bad:2d}/{args.calls} worst {worst:.2e}", flush=True)
+                if args.bwd_impls:
+                    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+                    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+                        gw = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(
+                            qr, kr, vr, is_causal=causal), (qr, kr, vr), do)
+                    for bimpl in args.bwd_impls:
+                        bad, worst = 0, 0.0
+                        for _ in range(max(1, args.calls // 4)):
+                            o = fa.flash_attention(qr, kr, vr, causal=causal, fwd_impl="v1", bwd_impl=bimpl)
+                            poison(q.numel() * 4)
+                            got = torch.autograd.grad(o, (qr, kr, vr), do)
+                            err = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, gw))
+                            bad += not err <= 10 * args.tol
+                            worst = err if err != err or err > worst else worst
+                        row = dict(D=d, N=n, causal=causal, bwd_impl=bimpl, path=fa.last_backward_path,
+                                   calls=max(1, args.calls // 4), wrong=bad, worst=worst)
+                        rows.append(row)
+                        print(f"D={d:3d} N={n:5d} causal={causal!s:5s} bwd {bimpl:7s} (fwd v1) wrong "
+                              f"{bad:2d}/{row['calls']} worst {worst:.2e}", flush=True)
+                if args.out:
+                    with open(args.out, "w") as f:
+                        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                del q, k, v, do, want
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
