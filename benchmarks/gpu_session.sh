@@ -196,8 +196,8 @@ kernels4-a)  # issue 12, third round, first command (~8 min): what no GPU has ru
     --providers minillm_v3 minillm_v4 minillm_v5 sdpa_flash sdpa_cudnn --flex-points --sweep 128:4096 64:4096 \
     --sweep-impls v5 --out "$OUT/flash_attention_bwd_v5_h200.json" > "$OUT/flash_attention_bwd_v5_h200.txt" 2>&1
   echo "bwd rc=$?"; cat "$OUT/flash_attention_bwd_v5_h200.txt" ;;
-kernels4-repeat)  # every forward version 20 times per shape on NaN-poisoned memory vs cuDNN; backward v3-v5 behind fwd v1
-  timeout 420 python3 benchmarks/check_forward_repeats.py --bwd-impls v3 v4 v5 \
+kernels4-repeat)  # (REPEAT_ARGS: more options) every forward version 20 times per shape on NaN-poisoned memory vs cuDNN; backward v3-v5 behind fwd v1
+  timeout 420 python3 benchmarks/check_forward_repeats.py --bwd-impls v3 v4 v5 $REPEAT_ARGS \
     --out "$OUT/forward_repeats_h200.json" > "$OUT/forward_repeats_h200.txt" 2>&1; echo "rc=$?"
   cat "$OUT/forward_repeats_h200.txt" ;;
 kernels4-b)  # issue 12, third round, second command (~7 min): where the remaining misses go
