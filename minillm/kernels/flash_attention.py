@@ -328,17 +328,21 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
     return (128, 64, 8, 3) if causal else (128, 128, 8, 3)
 
 
-def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = INTERPRETED) -> tuple[str, int]:
+def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = INTERPRETED,
+             need_lse: bool = True) -> tuple[str, int]:
     """(version, programs per SM) the forward runs by default, from the same H200 sweep.
 
     v5, the persistent warp-specialized version, only where it was measured and checked: D=128,
     non-causal, query and key lengths multiples of 128 (warp specialization returned NaNs with other
-    tiles, and causal it failed to compile with 4 warps and was slower than v1 with 8). D<=64
+    tiles, and causal it failed to compile with 4 warps and was slower than v1 with 8), and only
+    when the caller does not need the log-sum-exp: compiled with warp specialization, Triton 3.6
+    drops the kernel's LSE store (results/forward_repeats_h200.json: every call of v3 and v5 left
+    it unwritten), so training (the backward reads it) and ``return_lse`` run v1 there. D<=64
     non-causal past N=1K: v2, TMA. Everything else: v1. fp32 and the interpreter: v1.
     """
     if interpreted or dtype == torch.float32 or D > 128:
         return "v1", 1
-    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0:
+    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0 and not need_lse:
         return "v5", 1
     if D <= 64 and not causal and nk > 1024:
         return "v2", 1
@@ -380,15 +384,17 @@ def _num_sms(device) -> int:
 
 
 def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
-             impl: str | None = None, programs_per_sm: int | None = None):
+             impl: str | None = None, programs_per_sm: int | None = None, need_lse: bool = True):
     """Launch a forward version (FWD_IMPLS; None: ``fwd_plan``'s); ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) overrides ``_blocks``' table (benchmarks/flash_attention_tune.py sweeps it);
-    ``programs_per_sm`` sizes the persistent grid of v4/v5.
+    ``programs_per_sm`` sizes the persistent grid of v4/v5. Returns (o, lse); lse is None when
+    ``need_lse`` is False and a warp-specialized version ran, which does not write it.
 
     A TMA version runs v1 instead when the tensors' rows are not 16-byte aligned (``_tma_ok``), and,
     with the default tiles, when Triton fails to compile it for the shape (its warp-specialization
-    pass fails on some ragged shapes); causal calls of v3 / v5 run v2 / v4 (see the note above
-    _fwd_inner_tma); ``last_forward_impl`` says what ran. An explicit ``config``
+    pass fails on some ragged shapes); causal calls of v3 / v5, and calls that need the log-sum-exp,
+    run v2 / v4 (compiled with warp specialization, Triton 3.6 drops the LSE store: see fwd_plan);
+    ``last_forward_impl`` says what ran. An explicit ``config``
     is never replaced: its errors propagate (the tune sweep records them).
     """
     B, Hq, Nq, D = q.shape
@@ -397,13 +403,13 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     if impl is None:
-        impl, per_sm = fwd_plan(D, q.dtype, causal, Nq, Nk)
+        impl, per_sm = fwd_plan(D, q.dtype, causal, Nq, Nk, need_lse=need_lse)
         programs_per_sm = programs_per_sm or per_sm
     if impl not in FWD_IMPLS:
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    if causal and impl in ("v3", "v5"):  # warp specialization is wrong or fails to compile when causal
+    if (causal or need_lse) and impl in ("v3", "v5"):  # causal: wrong or no compile; the LSE store is dropped
         impl = {"v3": "v2", "v5": "v4"}[impl]
     block_d = max(16, triton.next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
@@ -441,7 +447,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         impl = "v1"
         kern = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = kern, impl
-    return o, lse
+    return o, (None if impl in ("v3", "v5") else lse)
 
 
 @triton.jit
@@ -1058,7 +1064,7 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         o, lse = _FlashAttention.apply(q, k, v, bool(causal), scale, fwd_impl, bwd_impl)
     else:  # inference: no autograd node, whose host cost is not small next to a short kernel
-        o, lse = _forward(q, k, v, bool(causal), scale, impl=fwd_impl)
+        o, lse = _forward(q, k, v, bool(causal), scale, impl=fwd_impl, need_lse=return_lse)
     if INTERPRETED and o.dtype != out_dtype:
         o = o.to(out_dtype)
     return (o, lse) if return_lse else o
