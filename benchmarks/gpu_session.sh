@@ -14,8 +14,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels3-confirm", carry=[".whl"])  # what came after it
 #                run(command="bash benchmarks/gpu_session.sh kernels4-a", carry=[".whl"])  # round 3: checks, bwd v5
 #                run(command="bash benchmarks/gpu_session.sh kernels4-repeat")  # wrong results that come and go
-#                run(command="bash benchmarks/gpu_session.sh kernels4-b", carry=[".whl"])  #   the LSE fix checked
-#                run(command="bash benchmarks/gpu_session.sh kernels4-c")  #   the numbers it changes
+#                run(command="bash benchmarks/gpu_session.sh kernels4-final", carry=[".whl"])  #   the LSE fix
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -201,35 +200,29 @@ kernels4-repeat)  # (REPEAT_ARGS: more options) every forward version 20 times p
   timeout 420 python3 benchmarks/check_forward_repeats.py --bwd-impls v3 v4 v5 $REPEAT_ARGS \
     --out "$OUT/forward_repeats_h200.json" > "$OUT/forward_repeats_h200.txt" 2>&1; echo "rc=$?"
   cat "$OUT/forward_repeats_h200.txt" ;;
-kernels4-b)  # issue 12, third round (~4 min): the LSE fix checked, and the interpreter leg (carry .whl)
+kernels4-final)  # issue 12, third round (~8 min, carry .whl): the LSE fix checked, and the numbers it changes
   # warp-specialized forwards (v3, v5) leave the LSE unwritten: calls that need it now run v1/v2/v4.
   # The interpreter leg compiles ~40 kernels (cut short at 90 s last time): it runs beside the test shards.
   ( python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy-*.whl >/dev/null 2>&1
     CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 PYTHONPATH=/tmp/np:. timeout 100 \
       python3 benchmarks/check_interpreter_vs_compiled.py dump /tmp/interp.npz > /tmp/dump.txt 2>&1
-    timeout 200 python3 benchmarks/check_interpreter_vs_compiled.py compare /tmp/interp.npz \
+    timeout 150 python3 benchmarks/check_interpreter_vs_compiled.py compare /tmp/interp.npz \
       > "$OUT/interp_vs_compiled.txt" 2>&1; echo "interp rc=$?" >> "$OUT/interp_vs_compiled.txt" ) &
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
     -k "gpu_lse or training_default_path or (forward_impls_match and (v3 or v5))" 2>/dev/null \
-    | run_shards kernel_tests_kernels4b_h200 8 150
-  wait; tail -2 "$OUT/interp_vs_compiled.txt"
-  timeout 60 python3 benchmarks/check_forward_repeats.py --head-dims 128 64 --seq-lens 1024 4096 --calls 4 \
-    --impls default v3 v5 --bwd-impls v3 v4 --bwd-fwd-impls default \
-    --out "$OUT/forward_repeats_fixed_h200.json" > "$OUT/forward_repeats_fixed_h200.txt" 2>&1
-  grep -c "wrong  0" "$OUT/forward_repeats_fixed_h200.txt"; grep -v "wrong  0" "$OUT/forward_repeats_fixed_h200.txt" ;;
-kernels4-c)  # issue 12, third round (~6 min): the numbers the LSE fix changes, and paged B=16 split counts
+    | run_shards kernel_tests_kernels4_final_h200 8 140
+  wait; tail -1 "$OUT/interp_vs_compiled.txt"
+  timeout 30 python3 benchmarks/check_forward_repeats.py --head-dims 128 --seq-lens 1024 --calls 4 \
+    --impls default v3 v5 --bwd-impls v3 --bwd-fwd-impls default > "$OUT/forward_repeats_fixed_h200.txt" 2>&1
+  cat "$OUT/forward_repeats_fixed_h200.txt"
   # the N=1K column as the targets read it: defaults (fwd_plan, bwd_plan) beside FA2, cuDNN and flex
   J="$OUT/flash_attention_n1k_recheck_h200.json"
-  timeout 80 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 \
+  timeout 70 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 \
     --providers minillm sdpa_flash sdpa_cudnn sdpa_efficient --no-memory --out "$J" > "$OUT/n1k.txt" 2>&1
-  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 --providers flex \
+  timeout 90 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --seq-lens 1024 --providers flex \
     --no-memory --append --out "$J" >> "$OUT/n1k.txt" 2>&1; echo "n1k rc=$?"; cat "$OUT/n1k.txt"
   # D=128 fwd+bwd past 1K again: the grid's rows ran the forward v5, whose LSE the backward read unwritten
-  timeout 120 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --head-dims 128 --seq-lens 2048 4096 8192 16384 \
-    --providers minillm sdpa_flash sdpa_cudnn --no-memory --out "$OUT/flash_attention_fwdbwd_d128_h200.json" \
-    > "$OUT/flash_attention_fwdbwd_d128_h200.txt" 2>&1; echo "grid rc=$?"; cat "$OUT/flash_attention_fwdbwd_d128_h200.txt"
-  # paged B=16 at short L: split counts under the 4 that default_splits picks (1 writes directly, no merge launch)
-  timeout 60 python3 benchmarks/paged_attention_bench.py --batches 16 --lengths 1024 4096 --block-sizes 16 \
-    --sweep-splits 1 2 3 4 --sweep-tiles --out "$OUT/paged_b16_splits_h200.json" > "$OUT/paged_b16_splits_h200.txt" 2>&1
-  tail -12 "$OUT/paged_b16_splits_h200.txt" ;;
+  timeout 110 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --head-dims 128 --seq-lens 2048 4096 8192 16384 \
+    --providers minillm sdpa_flash sdpa_cudnn --no-memory --warmup-s 1 --out "$OUT/flash_attention_fwdbwd_d128_h200.json" \
+    > "$OUT/flash_attention_fwdbwd_d128_h200.txt" 2>&1; echo "grid rc=$?"; cat "$OUT/flash_attention_fwdbwd_d128_h200.txt" ;;
 esac

@@ -336,7 +336,7 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
     non-causal, query and key lengths multiples of 128 (warp specialization returned NaNs with other
     tiles, and causal it failed to compile with 4 warps and was slower than v1 with 8), and only
     when the caller does not need the log-sum-exp: compiled with warp specialization, Triton 3.6
-    drops the kernel's LSE store (results/forward_repeats_h200.json: every call of v3 and v5 left
+    drops the kernel's LSE store (results/forward_repeats_lse_h200.json: every call of v3 and v5 left
     it unwritten), so training (the backward reads it) and ``return_lse`` run v1 there. D<=64
     non-causal past N=1K: v2, TMA. Everything else: v1. fp32 and the interpreter: v1.
     """
