@@ -98,7 +98,7 @@ def time_ms(fn, mode, q, k, v):
 def warm_up_gpu(seconds: float) -> None:
     """Busy the GPU with bf16 matmuls for ``seconds``: the first call timed in a fresh process ran 1.7x
     slower than the same call after a warm-up (results/flash_attention_cold_start_h200.json against
-    results/flash_attention_n1k_recheck_h200.json)."""
+    results/flash_attention_n1k_recheck_kernels3_h200.json)."""
     if seconds <= 0:
         return
     import time

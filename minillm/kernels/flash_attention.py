@@ -910,10 +910,11 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
 def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bool = INTERPRETED) -> str:
     """The backward version run by default, from the H200 runs (bf16, B=4, H=32): v4 (TMA, two
     launches) at D<=64 and v3 (TMA, one launch) at D<=128, where they won at N=4K. Causal attention
-    over at most 1K queries keeps v2: at D=128 v2 ran fwd+bwd in 0.51 ms in one run
-    (results/flash_attention_bwd_h200.json) and v3 0.75 ms in a later one
-    (results/flash_attention_n1k_recheck_h200.json); D=64 was not measured with v2 there. fp32,
-    D>128 and the interpreter, where TMA was not measured, run v2 too."""
+    over at most 1K queries keeps v2: fwd+bwd at D=128 took 0.61 ms with it against 0.75 ms with v3
+    (results/flash_attention_n1k_recheck_h200.json and its _kernels3_ predecessor); at D=64 v2 and
+    v4 took the same time there (0.62 ms). v5 (dQ by atomics) lost to v3/v4 at every measured point
+    (results/flash_attention_bwd_v5_h200.json) and is never the default. fp32, D>128 and the
+    interpreter, where TMA was not measured, run v2 too."""
     if interpreted or dtype == torch.float32 or D > 128 or (causal and n <= 1024):
         return "v2"
     return "v4" if D <= 64 else "v3"
