@@ -1,0 +1,102 @@
+"""Where one forward+backward call of minillm's FlashAttention spends its GPU time, kernel by kernel.
+
+    python benchmarks/profile_attention_step.py --points 64:1024:causal 64:1024 128:1024:causal \
+        --out benchmarks/results/attention_step_profile_h200.json
+
+For each point (D:N[:causal]; bf16, B=4, H=32) the default path that training takes (autograd, fwd_plan
+and bwd_plan) runs under torch.profiler for --calls calls after a warm-up; each row lists every
+device kernel with its calls and GPU microseconds per step, the sum of them, and the wall time per
+step, so that a step slower than its work (at D=64, N=1024 the causal step took longer than the
+non-causal one, which does twice the work: results/flash_attention_n1k_recheck_h200.json) shows
+whether one kernel or the gaps between kernels take the time. SDPA's FLASH backend is profiled the
+same way beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minillm.kernels import flash_attention as fa  # noqa: E402
+
+from _common import run_meta  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+
+def step_fn(provider: str, causal: bool):
+    if provider == "minillm":
+        return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal)
+
+    def run(q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def profile_point(provider: str, d: int, n: int, causal: bool, calls: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator(device="cuda").manual_seed(d + n)
+    q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    fn = step_fn(provider, causal)
+
+    def step():
+        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / calls
+    kernels = []
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", 0)
+        if dev > 0:
+            kernels.append({"kernel": e.key[:120], "calls_per_step": e.count / calls, "us_per_step": dev / calls})
+    kernels.sort(key=lambda r: r["us_per_step"], reverse=True)
+    row = {"provider": provider, "D": d, "N": n, "causal": causal, "wall_us_per_step": wall * 1e6,
+           "device_us_per_step": sum(r["us_per_step"] for r in kernels), "kernels": kernels[:12]}
+    if provider == "minillm":
+        row.update(fwd_impl=fa.last_forward_impl, bwd_path=fa.last_backward_path, bwd_config=fa.last_backward_config)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--points", nargs="+", default=["64:1024:causal", "64:1024", "128:1024:causal", "128:1024"])
+    ap.add_argument("--providers", nargs="+", default=["minillm", "sdpa_flash"])
+    ap.add_argument("--calls", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("profile_attention_step.py needs a CUDA GPU")
+    rows = []
+    meta = run_meta(dtype="bfloat16", batch=4, heads=32, calls=args.calls)
+    for point in args.points:
+        parts = point.split(":")
+        d, n, causal = int(parts[0]), int(parts[1]), parts[2:] == ["causal"]
+        for provider in args.providers:
+            row = profile_point(provider, d, n, causal, args.calls)
+            rows.append(row)
+            print(f"D={d} N={n} causal={causal} {provider}: wall {row['wall_us_per_step']:.0f} us, kernels "
+                  f"{row['device_us_per_step']:.0f} us" + (f" (fwd {row['fwd_impl']}, bwd {row['bwd_path']} "
+                                                            f"{row['bwd_config']})" if provider == "minillm" else ""))
+            for r in row["kernels"][:6]:
+                print(f"    {r['us_per_step']:8.1f} us  x{r['calls_per_step']:.0f}  {r['kernel'][:90]}")
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
