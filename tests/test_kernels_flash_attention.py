@@ -412,25 +412,33 @@ def test_flash_attention_default_warp_specialized_forward_is_right_on_fresh_inpu
 def test_flash_attention_backward_gpu_tolerance_rule(dtype, causal, bwd_impl):
     """Gradients vs float64: error <= 3x (+eps) that of torch's same-precision math attention (the
     gradients pass through one more rounding to 16 bits than the forward, hence 3x, not the forward's 2x)."""
+    q, k, v = make(2, 8, 2, 1000, 777, 128, dtype, seed=11)  # GQA 4:1, Nq != Nk, ragged tiles
+    if causal:  # SDPA's causal mask is top-left aligned; with Nq > Nk ours is bottom-right: compare on Nq == Nk
+        k, v = (torch.cat([t, t[:, :, : q.shape[2] - t.shape[2]]], dim=2) for t in (k, v))
+    assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal, bwd_impl=bwd_impl),
+                                      seed=12)
+
+
+def assert_gradients_within_math_rule(q, k, v, causal, fn, seed):
+    """dQ, dK, dV of ``fn`` against float64 math attention: error <= 3x (+eps) that of math attention in
+    the inputs' own precision."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q, k, v = make(2, 8, 2, 1000, 777, 128, dtype, seed=11)  # GQA 4:1, Nq != Nk, ragged tiles
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(dtype).to(DEVICE)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.dtype).to(DEVICE)
 
-    def grads(fn, *ts):
+    def grads(f, *ts):
         ts = [t.detach().clone().requires_grad_() for t in ts]
-        fn(*ts).backward(do.to(ts[0].dtype))
+        f(*ts).backward(do.to(ts[0].dtype))
         return [t.grad.double() for t in ts]
 
     def math_attn(q, k, v):
         with sdpa_kernel(SDPBackend.MATH):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                    enable_gqa=q.shape[1] != k.shape[1])
 
-    if causal:  # SDPA's causal mask is top-left aligned; with Nq > Nk ours is bottom-right: compare on Nq == Nk
-        k, v = (torch.cat([t, t[:, :, : q.shape[2] - t.shape[2]]], dim=2) for t in (k, v))
     gold = grads(math_attn, q.double(), k.double(), v.double())
     low = grads(math_attn, q, k, v)
-    ours = grads(lambda *t: flash_attention(*t, causal=causal, bwd_impl=bwd_impl), q, k, v)
+    ours = grads(fn, q, k, v)
     for name, g, lo, o in zip("qkv", gold, low, ours):
         err, err_math = (o - g).abs().max().item(), (lo - g).abs().max().item()
         assert err <= 3 * err_math + 1e-5, (name, err, err_math)
@@ -456,26 +464,8 @@ def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
 def test_flash_attention_gpu_training_default_path(causal):
     """Forward and backward as training runs them (defaults, autograd) at D=128 and lengths that are
     multiples of 128, where inference runs v5: gradients within 3x (+eps) of math attention's error."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     q, k, v = make(2, 8, 8, 1024, 1024, 128, torch.bfloat16, seed=23)
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(24)).to(torch.bfloat16).to(DEVICE)
-
-    def grads(fn, *ts):
-        ts = [t.detach().clone().requires_grad_() for t in ts]
-        fn(*ts).backward(do.to(ts[0].dtype))
-        return [t.grad.double() for t in ts]
-
-    def math_attn(q, k, v):
-        with sdpa_kernel(SDPBackend.MATH):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    gold = grads(math_attn, q.double(), k.double(), v.double())
-    low = grads(math_attn, q, k, v)
-    ours = grads(lambda *t: flash_attention(*t, causal=causal), q, k, v)
-    for name, g, lo, o in zip("qkv", gold, low, ours):
-        err, err_math = (o - g).abs().max().item(), (lo - g).abs().max().item()
-        assert err <= 3 * err_math + 1e-5, (name, err, err_math)
+    assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
 
 
 def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
