@@ -86,3 +86,17 @@ def test_composed_ladder_keeps_order_and_identity():
     assert lad.names == ["hf", "engine"] and lad.total == 4.0 and same == [1.0, 0.5]
     with pytest.raises(KeyError):
         composed_ladder(bench, "other")
+
+
+def test_hf_greedy_matches_cached_decode_with_and_without_cache():
+    pytest.importorskip("transformers")
+    from minillm.hf import to_hf
+    from minillm.studies.composition import hf_greedy
+    model = load_model("tiny")
+    prompts = [[10, 20, 30], [40, 50]]
+    ref = [cached_decode(model, p, 5).new_tokens for p in prompts]
+    hf = to_hf(model)
+    assert hf_greedy(hf, prompts, 5, use_cache=False) == ref
+    assert hf_greedy(hf, prompts, 5, use_cache=True) == ref
+    with pytest.raises(ValueError):
+        hf_greedy(hf, prompts, 0, use_cache=True)

@@ -138,3 +138,30 @@ def composed_ladder(bench: dict, model: str) -> tuple[Ladder, list[float]]:
         raise KeyError(f"recorded ladder has fewer than two rungs for model {model!r}")
     return (Ladder([r["rung"] for r in rows], [r["output_tok_per_s"] for r in rows]),
             [float(r["identical_to_reference"]) for r in rows])
+
+
+def hf_greedy(hf_model, prompts, n_new: int, use_cache: bool) -> list[list[int]]:
+    """Greedy decoding with a ``transformers`` causal LM, one request at a time, written out as a plain loop
+    (no ``generate``, so no stopping at EOS): with ``use_cache=False`` every step runs the whole sequence
+    again (naive PyTorch), with ``use_cache=True`` it feeds one token against HF's KV cache."""
+    import torch
+
+    if n_new < 1:
+        raise ValueError(f"n_new must be >= 1, got {n_new}")
+    device = next(hf_model.parameters()).device
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([list(p)], device=device)
+            new, past, feed = [], None, ids
+            for _ in range(n_new):
+                out = hf_model(input_ids=feed, past_key_values=past, use_cache=use_cache)
+                nxt = int(out.logits[0, -1].argmax())
+                new.append(nxt)
+                ids = torch.cat([ids, ids.new_tensor([[nxt]])], dim=1)
+                if use_cache:
+                    past, feed = out.past_key_values, ids[:, -1:]
+                else:
+                    feed = ids
+            outs.append(new)
+    return outs
