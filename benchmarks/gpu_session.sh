@@ -15,6 +15,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels4-a", carry=[".whl"])  # round 3: checks, bwd v5
 #                run(command="bash benchmarks/gpu_session.sh kernels4-repeat")  # wrong results that come and go
 #                run(command="bash benchmarks/gpu_session.sh kernels4-final", carry=[".whl"])  #   the LSE fix
+#                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -225,4 +226,11 @@ kernels4-final)  # issue 12, third round (~8 min, carry .whl): the LSE fix check
   timeout 110 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --head-dims 128 --seq-lens 2048 4096 8192 16384 \
     --providers minillm sdpa_flash sdpa_cudnn --no-memory --warmup-s 1 --out "$OUT/flash_attention_fwdbwd_d128_h200.json" \
     > "$OUT/flash_attention_fwdbwd_d128_h200.txt" 2>&1; echo "grid rc=$?"; cat "$OUT/flash_attention_fwdbwd_d128_h200.txt" ;;
+composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
+  # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
+  # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
+  timeout 200 python3 benchmarks/composed_bench.py --models tiny --out "$OUT/composed_tiny_h200.json" \
+    > "$OUT/composed_tiny_h200.txt" 2>&1; echo "tiny rc=$?"; tail -8 "$OUT/composed_tiny_h200.txt"
+  timeout 360 python3 benchmarks/composed_bench.py --models llama1b --out "$OUT/composed_1b_h200.json" \
+    > "$OUT/composed_1b_h200.txt" 2>&1; echo "1b rc=$?"; tail -8 "$OUT/composed_1b_h200.txt" ;;
 esac
