@@ -16,6 +16,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels4-repeat")  # wrong results that come and go
 #                run(command="bash benchmarks/gpu_session.sh kernels4-final", carry=[".whl"])  #   the LSE fix
 #                run(command="bash benchmarks/gpu_session.sh kernels5-diag")  # next: D=64 causal 1K, paged B=16
+#                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
@@ -238,4 +239,11 @@ kernels5-diag)  # issue 12, next: where the remaining misses go (~6 min; not run
   timeout 60 python3 benchmarks/paged_attention_bench.py --batches 16 --lengths 1024 4096 --block-sizes 16 \
     --sweep-splits 1 2 3 4 --sweep-tiles --out "$OUT/paged_b16_splits_h200.json" > "$OUT/paged_b16_splits_h200.txt" 2>&1
   tail -12 "$OUT/paged_b16_splits_h200.txt" ;;
+composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
+  # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
+  # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
+  timeout 200 python3 benchmarks/composed_bench.py --models tiny --out "$OUT/composed_tiny_h200.json" \
+    > "$OUT/composed_tiny_h200.txt" 2>&1; echo "tiny rc=$?"; tail -8 "$OUT/composed_tiny_h200.txt"
+  timeout 360 python3 benchmarks/composed_bench.py --models llama1b --out "$OUT/composed_1b_h200.json" \
+    > "$OUT/composed_1b_h200.txt" 2>&1; echo "1b rc=$?"; tail -8 "$OUT/composed_1b_h200.txt" ;;
 esac

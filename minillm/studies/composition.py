@@ -1,0 +1,167 @@
+"""Chapter 10: the whole stack measured rung by rung, each rung on the same requests as the one before.
+
+A *rung* is one way of serving a fixed set of requests (naive decoding, the KV cache, the engine, the
+engine with speculation, ...). :func:`measure_rung` runs one, times it and keeps the greedy tokens it
+produced; :func:`check_same_tokens` fails loudly when a rung changed the output; :class:`Ladder` turns the
+rungs' tokens per second into per-rung and whole-stack speedups and says whether the gain comes from the
+composition (the product of several factors) or from one step.
+
+:func:`recorded_gpu_ladder` builds the same ladder from a recorded ``serving_bench.py`` run (HF ``generate``
+vs the engine on the GPU), and :func:`composed_ladder` from a recorded ``composed_bench.py`` run. NumPy only.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Rung:
+    """One rung: its name, the output tokens it produced per request, and how long the whole set took."""
+
+    name: str
+    token_ids: list[list[int]] = field(repr=False)
+    seconds: float
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def measure_rung(name: str, serve, repeats: int = 1) -> Rung:
+    """Run ``serve()`` (which returns one list of new token ids per request) ``repeats`` times and keep the
+    fastest run: the fastest is the least disturbed by whatever else the machine is doing."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    best, tokens = np.inf, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = [list(map(int, t)) for t in serve()]
+        dt = time.perf_counter() - t0
+        if tokens is not None and out != tokens:
+            raise AssertionError(f"rung {name!r} produced different tokens on a repeat")
+        tokens, best = out, min(best, dt)
+    if not tokens or any(len(t) == 0 for t in tokens):
+        raise ValueError(f"rung {name!r} produced no tokens for some request")
+    return Rung(name, tokens, best)
+
+
+def check_same_tokens(rung: Rung, reference: list[list[int]]) -> None:
+    """Raise AssertionError unless every request's greedy tokens equal the reference's."""
+    if len(rung.token_ids) != len(reference):
+        raise AssertionError(f"rung {rung.name!r} answered {len(rung.token_ids)} requests, expected {len(reference)}")
+    bad = [i for i, (a, b) in enumerate(zip(rung.token_ids, reference)) if list(a) != list(b)]
+    if bad:
+        raise AssertionError(f"rung {rung.name!r} changed the greedy tokens of requests {bad}")
+
+
+@dataclass
+class Ladder:
+    """Tokens per second of consecutive rungs (each adds one thing to the one before)."""
+
+    names: list[str]
+    tok_per_s: np.ndarray
+
+    def __post_init__(self):
+        self.tok_per_s = np.asarray(self.tok_per_s, dtype=float)
+        if len(self.names) != self.tok_per_s.size or self.tok_per_s.size < 2:
+            raise ValueError("a ladder needs one throughput per name and at least two rungs")
+        if not np.all(np.isfinite(self.tok_per_s)) or np.any(self.tok_per_s <= 0):
+            raise ValueError(f"throughputs must be positive and finite, got {self.tok_per_s}")
+
+    @classmethod
+    def of(cls, rungs: list[Rung]) -> "Ladder":
+        return cls([r.name for r in rungs], [r.tok_per_s for r in rungs])
+
+    @property
+    def steps(self) -> np.ndarray:
+        """Speedup of each rung over the rung before it (one fewer than the rungs)."""
+        return self.tok_per_s[1:] / self.tok_per_s[:-1]
+
+    @property
+    def total(self) -> float:
+        """The last rung over the first; equal to the product of :attr:`steps`."""
+        return float(self.tok_per_s[-1] / self.tok_per_s[0])
+
+    @property
+    def best(self) -> float:
+        """The fastest rung over the first (a later rung can be slower than an earlier one)."""
+        return float(self.tok_per_s.max() / self.tok_per_s[0])
+
+    @property
+    def largest_step(self) -> float:
+        return float(self.steps.max())
+
+    @property
+    def largest_step_name(self) -> str:
+        return self.names[int(np.argmax(self.steps)) + 1]
+
+    def steps_above(self, factor: float = 1.5) -> int:
+        """How many rungs each multiply throughput by at least ``factor``."""
+        return int(np.sum(self.steps >= factor))
+
+    def from_composition(self, factor: float = 1.5) -> bool:
+        """True when the whole gain needs several rungs: at least two rungs gain ``factor`` or more and the
+        largest single rung gives less than the whole (by at least ``factor``)."""
+        return self.steps_above(factor) >= 2 and self.best >= factor * self.largest_step
+
+
+def _index_runs(bench: dict) -> dict:
+    return {(r["model"], r["policy"], r.get("max_num_seqs", r.get("batch"))): r
+            for r in bench["runs"] if "output_tok_per_s" in r}
+
+
+def recorded_gpu_ladder(bench: dict, model: str = "llama1b") -> Ladder:
+    """The ladder a recorded ``serving_bench.py`` run allows: HF ``generate`` in static batches of 64 (KV cache,
+    eager), then the engine (CUDA graphs, Triton paged kernels) with static batches of 64, continuous batching
+    with 64 slots, and 256 slots. HF ran the first requests of the trace, the engine all of them."""
+    runs = _index_runs(bench)
+    keys = [("HF generate, static 64", "hf_generate_static", 64), ("engine, static 64", "static", 64),
+            ("engine, continuous 64", "continuous", 64), ("engine, continuous 256", "continuous", 256)]
+    missing = [p for _, p, s in keys if (model, p, s) not in runs]
+    if missing:
+        raise KeyError(f"recorded run has no {missing} rows for model {model!r}")
+    return Ladder([n for n, _, _ in keys], [runs[model, p, s]["output_tok_per_s"] for _, p, s in keys])
+
+
+def composed_ladder(bench: dict, model: str) -> tuple[Ladder, list[float]]:
+    """The ladder of a recorded ``composed_bench.py`` run for one model, its rungs in order, and for each rung
+    the share of requests whose greedy tokens equal the first rung's (the benchmark records the check)."""
+    rows = [r for r in bench["rungs"] if r["model"] == model]
+    if len(rows) < 2:
+        raise KeyError(f"recorded ladder has fewer than two rungs for model {model!r}")
+    return (Ladder([r["rung"] for r in rows], [r["output_tok_per_s"] for r in rows]),
+            [float(r["identical_to_reference"]) for r in rows])
+
+
+def hf_greedy(hf_model, prompts, n_new: int, use_cache: bool) -> list[list[int]]:
+    """Greedy decoding with a ``transformers`` causal LM, one request at a time, written out as a plain loop
+    (no ``generate``, so no stopping at EOS): with ``use_cache=False`` every step runs the whole sequence
+    again (naive PyTorch), with ``use_cache=True`` it feeds one token against HF's KV cache."""
+    import torch
+
+    if n_new < 1:
+        raise ValueError(f"n_new must be >= 1, got {n_new}")
+    device = next(hf_model.parameters()).device
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([list(p)], device=device)
+            new, past, feed = [], None, ids
+            for _ in range(n_new):
+                out = hf_model(input_ids=feed, past_key_values=past, use_cache=use_cache)
+                nxt = int(out.logits[0, -1].argmax())
+                new.append(nxt)
+                ids = torch.cat([ids, ids.new_tensor([[nxt]])], dim=1)
+                if use_cache:
+                    past, feed = out.past_key_values, ids[:, -1:]
+                else:
+                    feed = ids
+            outs.append(new)
+    return outs

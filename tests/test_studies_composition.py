@@ -1,0 +1,102 @@
+import numpy as np
+import pytest
+
+from minillm import cached_decode, load_model, naive_decode
+from minillm.book import load_result
+from minillm.studies.composition import (Ladder, Rung, check_same_tokens, composed_ladder, measure_rung,
+                                         recorded_gpu_ladder)
+
+
+def test_measure_rung_counts_tokens_and_keeps_the_fastest_run():
+    calls = []
+
+    def serve():
+        calls.append(1)
+        return [[1, 2, 3], np.array([4, 5])]
+    r = measure_rung("x", serve, repeats=3)
+    assert len(calls) == 3 and r.output_tokens == 5 and r.token_ids == [[1, 2, 3], [4, 5]]
+    assert r.tok_per_s == pytest.approx(5 / r.seconds)
+    with pytest.raises(ValueError):
+        measure_rung("x", serve, repeats=0)
+    with pytest.raises(ValueError):
+        measure_rung("empty", lambda: [[1], []])
+
+
+def test_measure_rung_rejects_a_rung_whose_repeats_disagree():
+    state = iter([[[1]], [[2]]])
+    with pytest.raises(AssertionError, match="repeat"):
+        measure_rung("flaky", lambda: next(state), repeats=2)
+
+
+def test_check_same_tokens_on_real_decoders():
+    model = load_model("tiny")
+    prompts = [[10, 20, 30], [40, 50]]
+    ref = [cached_decode(model, p, 6).new_tokens for p in prompts]
+    check_same_tokens(measure_rung("naive", lambda: [naive_decode(model, p, 6).new_tokens for p in prompts]), ref)
+    wrong = Rung("wrong", [ref[0], ref[1][:-1] + [(ref[1][-1] + 1) % 259]], 1.0)
+    with pytest.raises(AssertionError, match=r"requests \[1\]"):
+        check_same_tokens(wrong, ref)
+    with pytest.raises(AssertionError, match="answered 1"):
+        check_same_tokens(Rung("short", ref[:1], 1.0), ref)
+
+
+def test_ladder_steps_total_and_composition():
+    lad = Ladder(["a", "b", "c", "d"], [10.0, 100.0, 300.0, 600.0])
+    np.testing.assert_allclose(lad.steps, [10, 3, 2])
+    assert lad.total == pytest.approx(np.prod(lad.steps)) == pytest.approx(60)
+    assert lad.largest_step == 10 and lad.largest_step_name == "b" and lad.best == 60
+    assert lad.steps_above(1.5) == 3 and lad.from_composition()
+
+
+def test_ladder_one_trick_is_not_composition():
+    lad = Ladder(["a", "b", "c"], [10.0, 200.0, 180.0])     # one rung gives everything, the next loses
+    assert lad.total == pytest.approx(18) and lad.best == pytest.approx(20)
+    assert lad.steps_above(1.5) == 1 and not lad.from_composition()
+    # two rungs gain 1.5x or more, but a loss between them leaves the largest alone as the whole gain
+    lossy = Ladder(["a", "b", "c", "d"], [1.0, 20.0, 8.0, 12.0])
+    assert lossy.steps_above(1.5) == 2 and lossy.best == 20 and not lossy.from_composition()
+
+
+def test_ladder_rejects_bad_input():
+    with pytest.raises(ValueError):
+        Ladder(["a"], [1.0])
+    with pytest.raises(ValueError):
+        Ladder(["a", "b"], [1.0, 0.0])
+    with pytest.raises(ValueError):
+        Ladder(["a", "b", "c"], [1.0, 2.0])
+
+
+def test_recorded_gpu_ladder_reads_the_serving_results():
+    bench = load_result("serving_h200.json")
+    lad = recorded_gpu_ladder(bench, "llama1b")
+    runs = {(r["model"], r["policy"], r.get("max_num_seqs", r.get("batch"))): r["output_tok_per_s"]
+            for r in bench["runs"] if "output_tok_per_s" in r}
+    assert lad.tok_per_s[0] == runs["llama1b", "hf_generate_static", 64]
+    assert lad.tok_per_s[-1] == runs["llama1b", "continuous", 256]
+    assert lad.total == pytest.approx(np.prod(lad.steps))
+    with pytest.raises(KeyError):
+        recorded_gpu_ladder(bench, "no-such-model")
+
+
+def test_composed_ladder_keeps_order_and_identity():
+    bench = {"rungs": [{"model": "m", "rung": "hf", "output_tok_per_s": 2.0, "identical_to_reference": 1.0},
+                       {"model": "other", "rung": "x", "output_tok_per_s": 9.0, "identical_to_reference": 1.0},
+                       {"model": "m", "rung": "engine", "output_tok_per_s": 8.0, "identical_to_reference": 0.5}]}
+    lad, same = composed_ladder(bench, "m")
+    assert lad.names == ["hf", "engine"] and lad.total == 4.0 and same == [1.0, 0.5]
+    with pytest.raises(KeyError):
+        composed_ladder(bench, "other")
+
+
+def test_hf_greedy_matches_cached_decode_with_and_without_cache():
+    pytest.importorskip("transformers")
+    from minillm.hf import to_hf
+    from minillm.studies.composition import hf_greedy
+    model = load_model("tiny")
+    prompts = [[10, 20, 30], [40, 50]]
+    ref = [cached_decode(model, p, 5).new_tokens for p in prompts]
+    hf = to_hf(model)
+    assert hf_greedy(hf, prompts, 5, use_cache=False) == ref
+    assert hf_greedy(hf, prompts, 5, use_cache=True) == ref
+    with pytest.raises(ValueError):
+        hf_greedy(hf, prompts, 0, use_cache=True)
