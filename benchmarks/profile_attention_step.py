@@ -58,10 +58,12 @@ def profile_point(provider: str, d: int, n: int, causal: bool, calls: int) -> di
             step()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t) / calls
+    from torch.autograd import DeviceType
+
     kernels = []
-    for e in prof.key_averages():
+    for e in prof.key_averages():  # device events only: a CPU op also carries the time of the kernels it launched
         dev = getattr(e, "self_device_time_total", 0)
-        if dev > 0:
+        if dev > 0 and e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             kernels.append({"kernel": e.key[:120], "calls_per_step": e.count / calls, "us_per_step": dev / calls})
     kernels.sort(key=lambda r: r["us_per_step"], reverse=True)
     row = {"provider": provider, "D": d, "N": n, "causal": causal, "wall_us_per_step": wall * 1e6,

@@ -106,6 +106,26 @@ def test_forward_impls_match_reference(case, dtype, impl):
         torch.testing.assert_close(lse[finite], lse1[finite], atol=1e-4, rtol=1e-5)
 
 
+def test_fwd_plan_never_picks_a_warp_specialized_version_when_the_lse_is_needed():
+    """Compiled, v3/v5 leave the lse unwritten: the plan for a GPU (interpreted=False) gives v5 at D=128,
+    non-causal, lengths multiples of 128, only to callers that do not need the lse."""
+    from minillm.kernels.flash_attention import bwd_plan, fwd_plan
+
+    assert fwd_plan(128, torch.bfloat16, False, 1024, 1024, interpreted=False, need_lse=False) == ("v5", 1)
+    for need_lse in (True, False):  # causal, or a length off the 128 grid: never v5
+        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
+        assert fwd_plan(128, torch.bfloat16, False, 1000, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
+    for causal in (False, True):
+        for n in (1024, 4096):
+            assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
+    assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
+    # the backward: v5 (dQ by atomics) is never a default
+    plans = {bwd_plan(d, torch.bfloat16, c, n, interpreted=False) for d in (64, 128) for c in (False, True)
+             for n in (1024, 4096)}
+    assert plans == {"v2", "v3", "v4"}
+    assert bwd_plan(128, torch.bfloat16, True, 1024, interpreted=False) == "v2"
+
+
 @pytest.mark.parametrize("programs_per_sm", [1, 3])
 def test_forward_persistent_grid_covers_every_tile(programs_per_sm):
     """Persistent grids of 4 and 12 programs (the interpreter counts 4 SMs) over 30 tiles: each program

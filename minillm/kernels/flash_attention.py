@@ -21,14 +21,15 @@ padded to the next one inside the kernel with masked loads.
 
 Backward recomputes P from Q, K and the saved lse (P is never stored): programs that
 own a key tile accumulate dK, dV (over every query head of a GQA group), programs that
-own a query tile accumulate dQ.
+own a query tile accumulate dQ (in v5, the key-tile programs add dQ by atomics instead).
 
 Every version of both stays in this module, selectable, so that one benchmark can time
 them side by side (chapter 6 lists what each bought): forward v1 (pointer loads, the loop
 above) and v2-v5 (TMA tensor descriptors, warp specialization, a persistent grid; see the
-note above _fwd_inner_tma); backward v1 (two kernels, per-query-head buffers) and v2-v4
-(one launch; TMA tile loads; two launches). ``fwd_plan`` and ``bwd_plan`` pick the
-measured defaults.
+note above _fwd_inner_tma; the warp-specialized v3/v5 do not write the lse when compiled,
+so calls that need it never run them); backward v1 (two kernels, per-query-head buffers)
+and v2-v5 (one launch; TMA tile loads; two launches; dQ by atomics). ``fwd_plan`` and
+``bwd_plan`` pick the measured defaults.
 """
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ rungs' tokens per second into per-rung and whole-stack speedups and says whether
 composition (the product of several factors) or from one step.
 
 :func:`recorded_gpu_ladder` builds the same ladder from a recorded ``serving_bench.py`` run (HF ``generate``
-vs the engine on the GPU), and :func:`composed_ladder` from a recorded ``composed_bench.py`` run. NumPy only.
+vs the engine on the GPU; HF ran fewer requests than the engine), :func:`recorded_gpu_gap` the gap that run
+supports with each factor measured on one request set, and :func:`composed_ladder` the ladder of a recorded
+``composed_bench.py`` run. NumPy only.
 """
 from __future__ import annotations
 
@@ -106,10 +108,12 @@ class Ladder:
         """How many rungs each multiply throughput by at least ``factor``."""
         return int(np.sum(self.steps >= factor))
 
-    def from_composition(self, factor: float = 1.5) -> bool:
-        """True when the whole gain needs several rungs: at least two rungs gain ``factor`` or more and the
-        largest single rung gives less than the whole (by at least ``factor``)."""
-        return self.steps_above(factor) >= 2 and self.best >= factor * self.largest_step
+    def from_composition(self, factor: float = 1.5, rest: float = 3.0) -> bool:
+        """True when the whole gain needs several rungs: at least two rungs gain ``factor`` or more, and the
+        ladder without its largest rung still gains ``rest`` or more (the fastest rung over the first,
+        divided by the largest single step). A ladder whose largest rung is most of the way, like a cache
+        followed by rungs that barely pay, is one trick, not a composition."""
+        return self.steps_above(factor) >= 2 and self.best / self.largest_step >= rest
 
 
 def _index_runs(bench: dict) -> dict:
@@ -130,12 +134,33 @@ def recorded_gpu_ladder(bench: dict, model: str = "llama1b") -> Ladder:
     return Ladder([n for n, _, _ in keys], [runs[model, p, s]["output_tok_per_s"] for _, p, s in keys])
 
 
-def composed_ladder(bench: dict, model: str) -> tuple[Ladder, list[float]]:
+def recorded_gpu_gap(bench: dict, model: str = "llama1b") -> dict:
+    """The gap from HF ``generate`` to the engine that a recorded ``serving_bench.py`` run supports, each
+    factor measured on one request set: ``first``, the engine over HF on HF's own requests (the first 64
+    of the trace: static batching either way, as 64 slots hold them all), then ``trace_steps``, what
+    continuous batching (64 slots over static 64) and 256 slots (over 64) gave the engine on the whole
+    trace. ``gap`` is their product, ``rest`` the product without the first."""
+    runs = _index_runs(bench)
+    need = [(model, "hf_generate_static", 64), (model, "continuous_hf_subset", 64), (model, "static", 64),
+            (model, "continuous", 64), (model, "continuous", 256)]
+    missing = [k for k in need if k not in runs]
+    if missing:
+        raise KeyError(f"recorded run has no {missing} rows")
+    tps = {k: runs[k]["output_tok_per_s"] for k in need}
+    first = tps[need[1]] / tps[need[0]]
+    trace_steps = [tps[need[3]] / tps[need[2]], tps[need[4]] / tps[need[3]]]
+    return {"first": first, "trace_steps": trace_steps, "rest": float(np.prod(trace_steps)),
+            "gap": first * float(np.prod(trace_steps)), "hf_requests": runs[need[0]].get("requests"),
+            "trace_requests": runs[need[2]].get("requests")}
+
+
+def composed_ladder(bench: dict, model: str, min_rungs: int = 2) -> tuple[Ladder, list[float]]:
     """The ladder of a recorded ``composed_bench.py`` run for one model, its rungs in order, and for each rung
-    the share of requests whose greedy tokens equal the first rung's (the benchmark records the check)."""
+    the share of requests whose greedy tokens equal the first rung's (the benchmark records the check).
+    A run cut short has fewer rungs: ``min_rungs`` rejects it."""
     rows = [r for r in bench["rungs"] if r["model"] == model]
-    if len(rows) < 2:
-        raise KeyError(f"recorded ladder has fewer than two rungs for model {model!r}")
+    if len(rows) < max(2, min_rungs):
+        raise KeyError(f"recorded ladder has {len(rows)} rungs for model {model!r}, fewer than {max(2, min_rungs)}")
     return (Ladder([r["rung"] for r in rows], [r["output_tok_per_s"] for r in rows]),
             [float(r["identical_to_reference"]) for r in rows])
 
