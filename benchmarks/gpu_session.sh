@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark of chapters 5-7, in three device commands (each under the tool's 10 minutes):
+# Every GPU check and benchmark of chapters 5-10, one device command per case (each under the tool's 10 minutes):
 #   Here, once:  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #                  --platform manylinux_2_28_x86_64 -d .whl numpy==2.3.5      (.whl is git-ignored; carry it)
 #   Then:        run(command="bash benchmarks/gpu_session.sh validate", carry=[".whl"])
