@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import sys
 
 import torch
@@ -24,3 +25,11 @@ def median_ms(fn, **kwargs) -> float:
 def median_ms_cudagraph(fn) -> float:
     """Median milliseconds per call, replayed from a CUDA graph (no host launch cost in the time)."""
     return triton.testing.do_bench_cudagraph(fn, return_mode="median")
+
+
+def write_results(path, meta: dict, rows: list) -> None:
+    """Write ``{"meta": meta, "rows": rows}`` to ``path`` (nothing when ``path`` is empty). The benchmarks call
+    it after every row, so a run cut short keeps what it measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -13,7 +13,6 @@ rows the same for the gradients (through autograd, behind each forward of --bwd-
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minillm.kernels import flash_attention as fa  # noqa: E402
 
-from _common import run_meta  # noqa: E402
+from _common import run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
@@ -108,9 +107,7 @@ def main(argv=None):
                         rows.append(row)
                         print(f"D={d:3d} N={n:5d} causal={causal!s:5s} bwd {bimpl:7s} (fwd {fimpl}) wrong "
                               f"{bad:2d}/{row['calls']} worst {worst:.2e}", flush=True)
-                if args.out:
-                    with open(args.out, "w") as f:
-                        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                write_results(args.out, meta, rows)
                 del q, k, v, do, want
                 torch.cuda.empty_cache()
 

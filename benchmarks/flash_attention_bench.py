@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, run_meta  # noqa: E402
+from _common import median_ms, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -163,9 +163,7 @@ def main(argv=None):
                                      "ms": ms, "tflops": tflops, "error": err})
                         shown = f"{ms:9.3f} {tflops:8.1f}" if ms else f"{'-':>9s} {'-':>8s}  {err[:60]}"
                         print(f"{mode:8s} {d:4d} {n:6d} {str(causal):>6s} {prov:15s} {shown}", flush=True)
-                        if args.out:  # rewritten after every row, so a cut-short run keeps what it measured
-                            with open(args.out, "w") as f:
-                                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                        write_results(args.out, meta, rows)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ measured; a provider that fails is recorded with its error and the run goes on.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -26,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, run_meta  # noqa: E402
+from _common import median_ms, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -124,9 +123,7 @@ def main(argv=None):
 
     def save(row):
         rows.append(row)
-        if args.out:  # rewritten after every row, so a cut-short run keeps what it measured
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_results(args.out, meta, rows)
 
     print(f"{'D':>4s} {'N':>6s} {'causal':>6s} {'provider':12s} {'fb ms':>8s} {'fb TF/s':>8s} {'bwd ms':>8s} "
           f"{'bwd TF/s':>8s}  grad diff", flush=True)

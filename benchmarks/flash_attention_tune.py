@@ -14,7 +14,6 @@ resources, a warp-specialization compile error) is recorded with its error and s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, run_meta  # noqa: E402
+from _common import median_ms, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -99,9 +98,7 @@ def main(argv=None):
 
     def save(row):
         rows.append(row)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_results(args.out, meta, rows)
 
     print(f"{'D':>4s} {'N':>6s} {'causal':>6s} {'impl':>4s} {'BM':>4s} {'BN':>4s} {'warps':>5s} {'stages':>6s} "
           f"{'p/SM':>4s} {'TFLOP/s':>8s} {'regs':>5s} {'spills':>6s} {'smem KiB':>8s}  check", flush=True)

@@ -10,7 +10,6 @@ wall time of one Python call with the GPU idle (averaged over many calls, synchr
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402  (first: interpreter vs compiled)
 
-from _common import median_ms, median_ms_cudagraph, run_meta  # noqa: E402
+from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -60,9 +59,7 @@ def main(argv=None):
                     rows.append(row)
                     print(f"D={d:3d} N={n:5d} causal={causal!s:5s} {prov:11s} plain {row['plain_ms']:.3f} ms  "
                           f"graph {row['graph_ms']:.3f} ms  host {row['host_us']:.0f} us", flush=True)
-                    if args.out:
-                        with open(args.out, "w") as f:
-                            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+                    write_results(args.out, meta, rows)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ second (2 * B * L * Hkv * D * 2 bytes per call), in TB/s. The SDPA providers run
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels.paged_attention import paged_attention  # noqa: E402  (first: interpreter vs compiled)
 
-from _common import median_ms, median_ms_cudagraph, run_meta  # noqa: E402
+from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -133,9 +132,7 @@ def main(argv=None):
                 rows.append(row)
                 print(f"{B:4d} {L:7d} {'-':>5s} {name:12s} {row['ms'] or float('nan'):8.3f} {row['tbps'] or float('nan'):6.2f}",
                       flush=True)
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            write_results(args.out, meta, rows)
 
 
 if __name__ == "__main__":

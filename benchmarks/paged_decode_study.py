@@ -35,7 +35,6 @@ minillm row of any part / SDPA.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -45,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpreter vs compiled)
 
-from _common import run_meta  # noqa: E402
+from _common import run_meta, write_results  # noqa: E402
 from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
 
 PARTS = ("table", "resources", "sweep", "merge", "sdpa")
@@ -103,9 +102,7 @@ def main(argv=None):
 
     def save(row):
         rows.append(row)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_results(args.out, meta, rows)
 
     fits = {}  # (num_warps, num_stages, variant) as compiled -> programs per SM
 

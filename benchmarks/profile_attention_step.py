@@ -14,7 +14,6 @@ same way beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minillm.kernels import flash_attention as fa  # noqa: E402
 
-from _common import run_meta  # noqa: E402
+from _common import run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
@@ -95,9 +94,7 @@ def main(argv=None):
                                                             f"{row['bwd_config']})" if provider == "minillm" else ""))
             for r in row["kernels"][:6]:
                 print(f"    {r['us_per_step']:8.1f} us  x{r['calls_per_step']:.0f}  {r['kernel'][:90]}")
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            write_results(args.out, meta, rows)
 
 
 if __name__ == "__main__":
