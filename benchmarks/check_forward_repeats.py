@@ -31,6 +31,11 @@ def cudnn(q, k, v, causal):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def worse(worst: float, err: float) -> float:
+    """The larger error, where NaN counts as the worst of all (and stays once seen)."""
+    return err if err != err or err > worst else worst
+
+
 def poison(nbytes: int) -> None:
     t = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
     t.fill_(float("nan"))
@@ -78,8 +83,7 @@ def main(argv=None):
                         err_lse = (lse.double() - want_lse).abs().max().item()
                         bad += not err <= args.tol  # NaN counts as wrong
                         bad_lse += not err_lse <= args.tol
-                        worst = err if err != err or err > worst else worst
-                        worst_lse = err_lse if err_lse != err_lse or err_lse > worst_lse else worst_lse
+                        worst, worst_lse = worse(worst, err), worse(worst_lse, err_lse)
                     row = dict(D=d, N=n, causal=causal, impl=impl, ran=sorted(ran), calls=args.calls, wrong=bad,
                                worst=worst, wrong_lse=bad_lse, worst_lse=worst_lse)
                     rows.append(row)
@@ -101,7 +105,7 @@ def main(argv=None):
                             got = torch.autograd.grad(o, (qr, kr, vr), do)
                             err = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, gw))
                             bad += not err <= 10 * args.tol
-                            worst = err if err != err or err > worst else worst
+                            worst = worse(worst, err)
                         row = dict(D=d, N=n, causal=causal, bwd_impl=bimpl, fwd_impl=fimpl, fwd_ran=fa.last_forward_impl,
                                    path=fa.last_backward_path, calls=max(1, args.calls // 4), wrong=bad, worst=worst)
                         rows.append(row)
