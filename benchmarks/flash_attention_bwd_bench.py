@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, run_meta, write_results  # noqa: E402
+from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -48,8 +48,8 @@ SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT, "v5": SWEEP_ATOMIC}
 
 def forward_fn(name, causal, gqa):
     """A function (q, k, v) -> o for one provider; flex and minillm handle GQA natively, SDPA via enable_gqa."""
-    if name.startswith("minillm_"):
-        impl = name.split("_", 1)[1]
+    if name.startswith("minillm"):  # "minillm": the default plans; "minillm_vN": backward version N
+        impl = name.split("_", 1)[1] if "_" in name else None
         return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, bwd_impl=impl)
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -86,16 +86,18 @@ def grads(fn, q, k, v, do):
     return out, torch.autograd.grad(out, (q, k, v), do)
 
 
-def time_provider(fn, q, k, v, do):
-    """(ms fwd+bwd, ms bwd alone)."""
+def time_provider(fn, q, k, v, do, graphs: bool = False):
+    """(ms fwd+bwd, ms bwd alone, ms fwd+bwd replayed from a CUDA graph or None). The eager times are what a
+    training loop sees, host launch costs included; the graph time is the GPU's alone."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
 
     def fwd_bwd():
         torch.autograd.grad(fn(q, k, v), (q, k, v), do)
     ms_fb = median_ms(fwd_bwd, warmup=25, rep=150)
+    ms_graph = median_ms_cudagraph(fwd_bwd) if graphs else None
     out = fn(q, k, v)
     ms_b = median_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), warmup=25, rep=150)
-    return ms_fb, ms_b
+    return ms_fb, ms_b, ms_graph
 
 
 def main(argv=None):
@@ -109,6 +111,7 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = --heads")
     ap.add_argument("--sweep", nargs="*", default=["128:4096"], help="D:N points of the backward tile sweep")
+    ap.add_argument("--graphs", action="store_true", help="also time fwd+bwd replayed from a CUDA graph")
     ap.add_argument("--sweep-impls", nargs="+", default=["v2"], choices=list(SWEEPS))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -157,11 +160,14 @@ def main(argv=None):
                         row["max_abs_grad_diff"] = {f"d{x}": float((a.float() - b.float()).abs().max())
                                                     for x, a, b in zip("qkv", got, want)}
                         row["grad_reference"] = ref_name
-                    ms_fb, ms_b = time_provider(fn, q, k, v, do)
+                    ms_fb, ms_b, ms_graph = time_provider(fn, q, k, v, do, args.graphs and name != "flex")
                     row.update(ms_fwd_bwd=ms_fb, tflops_fwd_bwd=3.5 * fwd_flops / (ms_fb * 1e-3) / 1e12,
                                ms_bwd=ms_b, tflops_bwd=2.5 * fwd_flops / (ms_b * 1e-3) / 1e12)
-                    if name in ("minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
-                            fa.last_backward_kernel is not None:
+                    if ms_graph is not None:
+                        row.update(ms_fwd_bwd_graph=ms_graph,
+                                   tflops_fwd_bwd_graph=3.5 * fwd_flops / (ms_graph * 1e-3) / 1e12)
+                    if name in ("minillm", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
+                            fa.last_backward_kernel is not None:  # (v1 has its own kernels; the default is v2-v4)
                         kern = fa.last_backward_kernel
                         row.update(config=fa.last_backward_config, path=fa.last_backward_path, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
                                    shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
@@ -174,7 +180,9 @@ def main(argv=None):
                     diff = row.get("max_abs_grad_diff")
                     print(f"{d:4d} {n:6d} {str(causal):>6s} {name:12s} {row['ms_fwd_bwd']:8.3f} "
                           f"{row['tflops_fwd_bwd']:8.1f} {row['ms_bwd']:8.3f} {row['tflops_bwd']:8.1f}  "
-                          f"{' '.join(f'{x:.1e}' for x in diff.values()) if diff else ''}", flush=True)
+                          f"{' '.join(f'{x:.1e}' for x in diff.values()) if diff else ''}"
+                          + (f"  graph {row['ms_fwd_bwd_graph']:.3f} ms" if "ms_fwd_bwd_graph" in row else ""),
+                          flush=True)
             torch.cuda.empty_cache()
     if args.sweep and len(runs) == len(points):
         sweep(args, B, H, Hkv, save)

@@ -16,6 +16,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels4-repeat")  # wrong results that come and go
 #                run(command="bash benchmarks/gpu_session.sh kernels4-final", carry=[".whl"])  #   the LSE fix
 #                run(command="bash benchmarks/gpu_session.sh kernels5-diag")  # next: D=64 causal 1K, paged B=16
+#                run(command="bash benchmarks/gpu_session.sh kernels5-b")     # the N=1K step: host against GPU
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -239,6 +240,16 @@ kernels5-diag)  # issue 12, next: where the remaining misses go (~6 min; not run
   timeout 60 python3 benchmarks/paged_attention_bench.py --batches 16 --lengths 1024 4096 --block-sizes 16 \
     --sweep-splits 1 2 3 4 --sweep-tiles --out "$OUT/paged_b16_splits_h200.json" > "$OUT/paged_b16_splits_h200.txt" 2>&1
   tail -12 "$OUT/paged_b16_splits_h200.txt" ;;
+kernels5-b)  # issue 12: the N=1K training step, host against GPU (~5 min)
+  # host issue time, eager time and CUDA-graph replay per step, with cProfile of minillm's host functions
+  timeout 150 python3 benchmarks/profile_attention_step.py --host-profile --out "$OUT/attention_step_host_h200.json" \
+    > "$OUT/attention_step_host_h200.txt" 2>&1; echo "profile rc=$?"; grep -v "^    host" "$OUT/attention_step_host_h200.txt"
+  grep -m 30 "^    host" "$OUT/attention_step_host_h200.txt"
+  # the default plans (D=64 N=1K now v2 with the 4-warp tile) beside v2/v4, FA2, cuDNN, flex; eager and graph times
+  timeout 300 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_v2 minillm_v4 sdpa_flash sdpa_cudnn --sweep --graphs \
+    --out "$OUT/flash_attention_n1k_graphs_h200.json" > "$OUT/flash_attention_n1k_graphs_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_graphs_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

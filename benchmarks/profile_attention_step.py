@@ -10,6 +10,12 @@ step, so that a step slower than its work (at D=64, N=1024 the causal step took 
 non-causal one, which does twice the work: results/flash_attention_n1k_recheck_h200.json) shows
 whether one kernel or the gaps between kernels take the time. SDPA's FLASH backend is profiled the
 same way beside it.
+
+Three more times per row separate the host from the GPU: ``issue_us_per_step``, how long the host takes to
+issue one step (calls back to back, clock stopped before the final synchronize); ``eager_us_per_step``, the
+same with the synchronize (what an eager training loop sees: the larger of host and GPU time); and
+``graph_us_per_step``, the step replayed from a CUDA graph (GPU time alone). With ``--host-profile``,
+minillm's rows also carry cProfile's top host functions by cumulative time.
 """
 from __future__ import annotations
 
@@ -38,7 +44,58 @@ def step_fn(provider: str, causal: bool):
     return run
 
 
-def profile_point(provider: str, d: int, n: int, causal: bool, calls: int) -> dict:
+def host_times(step, calls: int) -> dict:
+    """Microseconds per step: issued back to back (host), the same up to a final synchronize (eager), and
+    replayed from a CUDA graph (GPU alone; None, with the error, when the step does not capture)."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        step()
+    issue = time.perf_counter() - t
+    torch.cuda.synchronize()
+    eager = time.perf_counter() - t
+    out = {"issue_us_per_step": issue / calls * 1e6, "eager_us_per_step": eager / calls * 1e6}
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph.replay()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            graph.replay()
+        torch.cuda.synchronize()
+        out["graph_us_per_step"] = (time.perf_counter() - t) / calls * 1e6
+    except Exception as e:  # noqa: BLE001  (recorded: a step that cannot be captured has no GPU-only time)
+        out["graph_us_per_step"], out["graph_error"] = None, f"{type(e).__name__}: {e}"[:300]
+    return out
+
+
+def cprofile_top(step, calls: int, top: int = 25) -> list:
+    """cProfile's top host functions of ``calls`` steps by cumulative time: (function, calls/step, us/step)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats
+    rows = [(f"{Path(f).name}:{line}({fn})", nc / calls, ct / calls * 1e6)
+            for (f, line, fn), (_, nc, _, ct, _) in stats.items()]
+    rows.sort(key=lambda r: r[2], reverse=True)
+    return [{"function": f, "calls_per_step": c, "cum_us_per_step": us} for f, c, us in rows[:top]]
+
+
+def profile_point(provider: str, d: int, n: int, causal: bool, calls: int, host_profile: bool = False) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator(device="cuda").manual_seed(d + n)
@@ -67,6 +124,9 @@ def profile_point(provider: str, d: int, n: int, causal: bool, calls: int) -> di
     kernels.sort(key=lambda r: r["us_per_step"], reverse=True)
     row = {"provider": provider, "D": d, "N": n, "causal": causal, "wall_us_per_step": wall * 1e6,
            "device_us_per_step": sum(r["us_per_step"] for r in kernels), "kernels": kernels[:12]}
+    row.update(host_times(step, calls=200))
+    if host_profile:
+        row["host_profile"] = cprofile_top(step, calls=200)
     if provider == "minillm":
         row.update(fwd_impl=fa.last_forward_impl, bwd_path=fa.last_backward_path, bwd_config=fa.last_backward_config)
     return row
@@ -78,6 +138,7 @@ def main(argv=None):
     ap.add_argument("--points", nargs="+", default=["64:1024:causal", "64:1024", "128:1024:causal", "128:1024"])
     ap.add_argument("--providers", nargs="+", default=["minillm", "sdpa_flash"])
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--host-profile", action="store_true", help="cProfile minillm's host functions too")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("profile_attention_step.py needs a CUDA GPU")
@@ -87,13 +148,17 @@ def main(argv=None):
         parts = point.split(":")
         d, n, causal = int(parts[0]), int(parts[1]), parts[2:] == ["causal"]
         for provider in args.providers:
-            row = profile_point(provider, d, n, causal, args.calls)
+            row = profile_point(provider, d, n, causal, args.calls, args.host_profile and provider == "minillm")
             rows.append(row)
             print(f"D={d} N={n} causal={causal} {provider}: wall {row['wall_us_per_step']:.0f} us, kernels "
                   f"{row['device_us_per_step']:.0f} us" + (f" (fwd {row['fwd_impl']}, bwd {row['bwd_path']} "
                                                             f"{row['bwd_config']})" if provider == "minillm" else ""))
+            print(f"    host issue {row['issue_us_per_step']:.0f} us, eager {row['eager_us_per_step']:.0f} us, "
+                  f"CUDA graph {row['graph_us_per_step'] or float('nan'):.0f} us {row.get('graph_error', '')}")
             for r in row["kernels"][:6]:
                 print(f"    {r['us_per_step']:8.1f} us  x{r['calls_per_step']:.0f}  {r['kernel'][:90]}")
+            for r in row.get("host_profile", [])[:25]:
+                print(f"    host {r['cum_us_per_step']:8.1f} us  x{r['calls_per_step']:.1f}  {r['function'][:90]}")
             write_results(args.out, meta, rows)
 
 

@@ -124,6 +124,8 @@ def test_fwd_plan_never_picks_a_warp_specialized_version_when_the_lse_is_needed(
              for n in (1024, 4096)}
     assert plans == {"v2", "v3", "v4"}
     assert bwd_plan(128, torch.bfloat16, True, 1024, interpreted=False) == "v2"
+    assert bwd_plan(64, torch.bfloat16, False, 1024, interpreted=False) == "v2"  # the 4-warp tile at N <= 1K
+    assert bwd_plan(64, torch.bfloat16, False, 4096, interpreted=False) == "v4"
 
 
 @pytest.mark.parametrize("programs_per_sm", [1, 3])

@@ -889,9 +889,11 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
 
     M1 x N1 is the dK/dV side's (query, key) tile, M2 x N2 the dQ side's. The 16-bit rows up to
     D=128 start from flex_attention's sm90 defaults and are the winners of the sweeps on the H200
-    (results/flash_attention_bwd_h200.json, bf16, N=4096); at D=64 small dK/dV tiles with 4 warps
-    win, most of all when the two sides are launched apart (v4). fp32 tiles are twice the bytes, so
-    they get smaller tiles and no pipelining.
+    (results/flash_attention_bwd_h200.json, bf16, N=4096); at D=64 small tiles with 4 warps win, most
+    of all when the two sides are launched apart (v4), and in one launch (v2, v3) 32 x 64 / 64 x 32
+    with 4 warps beat flex's 8-warp tile by 14% at N=4K and 17-26% at N=1K
+    (results/flash_attention_bwd_sweep_h200.json, flash_attention_bwd_n1k_h200.json). fp32 tiles are
+    twice the bytes, so they get smaller tiles and no pipelining.
     """
     if interpreted:
         return 16, 16, 16, 16, 1, 1
@@ -901,7 +903,7 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
         return (64, 128, 64, 128, 8, 2, 1) if D <= 128 else (32, 64, 32, 64, 8, 1, 1)
     if D <= 64 and impl == "v4":
         return 32, 64, 64, 64, 4, 3, 4, 3
-    if D <= 64 and impl == "v3":
+    if D <= 64:  # v2, v3
         return 32, 64, 64, 32, 4, 3
     if D <= 128:
         return 64, 128, 128, 64, 8, 3
@@ -912,11 +914,12 @@ def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bo
     """The backward version run by default, from the H200 runs (bf16, B=4, H=32): v4 (TMA, two
     launches) at D<=64 and v3 (TMA, one launch) at D<=128, where they won at N=4K. Causal attention
     over at most 1K queries keeps v2: fwd+bwd at D=128 took 0.61 ms with it against 0.75 ms with v3
-    (results/flash_attention_n1k_recheck_h200.json and its _kernels3_ predecessor); at D=64 v2 and
-    v4 took the same time there (0.62 ms). v5 (dQ by atomics) lost to v3/v4 at every measured point
-    (results/flash_attention_bwd_v5_h200.json) and is never the default. fp32, D>128 and the
-    interpreter, where TMA was not measured, run v2 too."""
-    if interpreted or dtype == torch.float32 or D > 128 or (causal and n <= 1024):
+    (results/flash_attention_n1k_recheck_h200.json and its _kernels3_ predecessor). At D<=64 and at
+    most 1K queries v2, with its 4-warp tile, took the backward alone 0.20 ms causal and 0.30 ms
+    non-causal against v4's 0.25 and 0.36 (results/flash_attention_bwd_n1k_h200.json). v5 (dQ by
+    atomics) lost to v3/v4 at every measured point (results/flash_attention_bwd_v5_h200.json) and is
+    never the default. fp32, D>128 and the interpreter, where TMA was not measured, run v2 too."""
+    if interpreted or dtype == torch.float32 or D > 128 or (n <= 1024 and (causal or D <= 64)):
         return "v2"
     return "v4" if D <= 64 else "v3"
 
