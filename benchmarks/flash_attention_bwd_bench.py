@@ -155,7 +155,7 @@ def main(argv=None):
                 row = {"D": d, "N": n, "causal": causal, "provider": name}
                 try:
                     fn = forward_fn(name, causal, Hkv != H)
-                    if name.startswith("minillm_") and want is not None:
+                    if name.startswith("minillm") and want is not None:
                         got = grads(fn, q, k, v, do)[1]
                         row["max_abs_grad_diff"] = {f"d{x}": float((a.float() - b.float()).abs().max())
                                                     for x, a, b in zip("qkv", got, want)}

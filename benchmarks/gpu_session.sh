@@ -17,6 +17,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels4-final", carry=[".whl"])  #   the LSE fix
 #                run(command="bash benchmarks/gpu_session.sh kernels5-diag")  # next: D=64 causal 1K, paged B=16
 #                run(command="bash benchmarks/gpu_session.sh kernels5-b")     # the N=1K step: host against GPU
+#                run(command="bash benchmarks/gpu_session.sh kernels5-c")     # v2 up to 1K queries, every D
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -250,6 +251,13 @@ kernels5-b)  # issue 12: the N=1K training step, host against GPU (~5 min)
     --providers minillm minillm_v2 minillm_v4 sdpa_flash sdpa_cudnn --sweep --graphs \
     --out "$OUT/flash_attention_n1k_graphs_h200.json" > "$OUT/flash_attention_n1k_graphs_h200.txt" 2>&1
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_graphs_h200.txt" ;;
+kernels5-c)  # issue 12: backward v2 over at most 1K queries at every head dim (~5 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "training_default_path or lse_matches" | run_shards kernel_tests_kernels5 4 200
+  timeout 300 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_v3 minillm_v4 sdpa_flash sdpa_cudnn --sweep --graphs \
+    --out "$OUT/flash_attention_n1k_final_h200.json" > "$OUT/flash_attention_n1k_final_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_final_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

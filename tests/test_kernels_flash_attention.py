@@ -483,10 +483,12 @@ def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_flash_attention_gpu_training_default_path(causal):
-    """Forward and backward as training runs them (defaults, autograd) at D=128 and lengths that are
-    multiples of 128, where inference runs v5: gradients within 3x (+eps) of math attention's error."""
-    q, k, v = make(2, 8, 8, 1024, 1024, 128, torch.bfloat16, seed=23)
+@pytest.mark.parametrize("n,d", [(1024, 128), (2048, 128), (1024, 64)])
+def test_flash_attention_gpu_training_default_path(causal, n, d):
+    """Forward and backward as training runs them (defaults, autograd): at D=128 and lengths that are
+    multiples of 128, where inference runs v5, up to and past the 1K queries below which the backward
+    runs v2, and at D=64 with v2's 4-warp tile: gradients within 3x (+eps) of math attention's error."""
+    q, k, v = make(2, 8, 8, n, n, d, torch.bfloat16, seed=23)
     assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
 
 

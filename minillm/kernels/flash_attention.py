@@ -912,14 +912,15 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
 
 def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bool = INTERPRETED) -> str:
     """The backward version run by default, from the H200 runs (bf16, B=4, H=32): v4 (TMA, two
-    launches) at D<=64 and v3 (TMA, one launch) at D<=128, where they won at N=4K. Causal attention
-    over at most 1K queries keeps v2: fwd+bwd at D=128 took 0.61 ms with it against 0.75 ms with v3
-    (results/flash_attention_n1k_recheck_h200.json and its _kernels3_ predecessor). At D<=64 and at
-    most 1K queries v2, with its 4-warp tile, took the backward alone 0.20 ms causal and 0.30 ms
-    non-causal against v4's 0.25 and 0.36 (results/flash_attention_bwd_n1k_h200.json). v5 (dQ by
-    atomics) lost to v3/v4 at every measured point (results/flash_attention_bwd_v5_h200.json) and is
-    never the default. fp32, D>128 and the interpreter, where TMA was not measured, run v2 too."""
-    if interpreted or dtype == torch.float32 or D > 128 or (n <= 1024 and (causal or D <= 64)):
+    launches) at D<=64 and v3 (TMA, one launch) at D<=128, where they won at N=4K. Over at most 1K
+    queries v2 (pointer loads, one launch): causal at D=128 fwd+bwd took 0.61 ms with it against 0.75
+    ms with v3 (results/flash_attention_n1k_recheck_h200.json and its _kernels3_ predecessor); at
+    D<=64, with its 4-warp tile, the backward alone took 0.20 ms causal and 0.30 ms non-causal against
+    v4's 0.25 and 0.36 (results/flash_attention_bwd_n1k_h200.json); non-causal at D=128 the step
+    replayed from a CUDA graph took 0.69 ms against v3's 0.73 (flash_attention_n1k_graphs_h200.json).
+    v5 (dQ by atomics) lost to v3/v4 at every measured point (results/flash_attention_bwd_v5_h200.json)
+    and is never the default. fp32, D>128 and the interpreter, where TMA was not measured, run v2 too."""
+    if interpreted or dtype == torch.float32 or D > 128 or n <= 1024:
         return "v2"
     return "v4" if D <= 64 else "v3"
 
