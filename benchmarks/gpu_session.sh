@@ -254,6 +254,9 @@ kernels5-b)  # issue 12: the N=1K training step, host against GPU (~5 min)
 kernels5-c)  # issue 12: backward v2 over at most 1K queries at every head dim (~5 min)
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
     -k "training_default_path or lse_matches" | run_shards kernel_tests_kernels5 4 200
+  # the LSE that warp specialization drops: two other ways to store it (recomputed offsets, a descriptor)
+  timeout 150 python3 benchmarks/check_ws_lse.py --out "$OUT/ws_lse_h200.json" > "$OUT/ws_lse_h200.txt" 2>&1
+  echo "ws_lse rc=$?"; cat "$OUT/ws_lse_h200.txt"
   timeout 300 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
     --providers minillm minillm_v3 minillm_v4 sdpa_flash sdpa_cudnn --sweep --graphs \
     --out "$OUT/flash_attention_n1k_final_h200.json" > "$OUT/flash_attention_n1k_final_h200.txt" 2>&1

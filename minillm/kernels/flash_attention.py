@@ -239,8 +239,12 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, lo, hi, Nk, offset, qk_sc
 def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
-    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue."""
+                  CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+                  LSE_STORE: tl.constexpr = 0):
+    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. ``LSE_STORE``
+    (an experiment on the LSE that warp specialization drops): 0 stores it through pointers built from
+    the row offsets computed before the loop, 1 through offsets recomputed after it, 2 through a 1-D
+    tensor descriptor."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -267,7 +271,14 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                                    True, CAUSAL, IEEE, False)
     o, lse = _normalize(acc, l, m)
     o_desc.store([m0, 0], o.to(O.dtype.element_ty))
-    tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
+    if LSE_STORE == 2:
+        lse_desc = tl.make_tensor_descriptor(LSE + bh * Nq, shape=[Nq], strides=[1], block_shape=[BLOCK_M])
+        lse_desc.store([m0], lse)
+    elif LSE_STORE == 1:
+        rows_out = m0 + tl.arange(0, BLOCK_M)
+        tl.store(LSE + bh * Nq + rows_out, lse, mask=rows_out < Nq)
+    else:
+        tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
 @triton.jit
@@ -275,7 +286,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                    PERSISTENT: tl.constexpr):
+                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0):
     if PERSISTENT:
         # tile t: causal runs the last (heaviest) query tiles of every head first; non-causal keeps the
         # tiles of one head together, so the programs running at once share its K and V in L2
@@ -288,14 +299,14 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                 bh = t // NUM_M_TILES
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE)
     else:
         pid_m = tl.program_id(0)
         if CAUSAL:
             pid_m = tl.num_programs(0) - 1 - pid_m
         _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -385,7 +396,8 @@ def _num_sms(device) -> int:
 
 
 def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
-             impl: str | None = None, programs_per_sm: int | None = None, need_lse: bool = True):
+             impl: str | None = None, programs_per_sm: int | None = None, need_lse: bool = True,
+             lse_store: int = 0):
     """Launch a forward version (FWD_IMPLS; None: ``fwd_plan``'s); ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) overrides ``_blocks``' table (benchmarks/flash_attention_tune.py sweeps it);
     ``programs_per_sm`` sizes the persistent grid of v4/v5. Returns (o, lse); lse is None when
@@ -396,7 +408,9 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     pass fails on some ragged shapes); causal calls of v3 / v5, and calls that need the log-sum-exp,
     run v2 / v4 (compiled with warp specialization, Triton 3.6 drops the LSE store: see fwd_plan);
     ``last_forward_impl`` says what ran. An explicit ``config``
-    is never replaced: its errors propagate (the tune sweep records them).
+    is never replaced: its errors propagate (the tune sweep records them). ``lse_store`` (1 or 2; for
+    benchmarks/check_ws_lse.py) picks another way for the TMA versions to store the LSE and hands back
+    the LSE buffer even from a warp-specialized run, so that a check can see whether it was written.
     """
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
@@ -431,7 +445,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
         return _fwd_kernel_tma[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles,
                                      *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
-                                     **common)
+                                     LSE_STORE=lse_store, **common)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
     key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0)  # a ragged last key tile compiles another loop
@@ -448,7 +462,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         impl = "v1"
         kern = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = kern, impl
-    return o, (None if impl in ("v3", "v5") else lse)
+    return o, (None if impl in ("v3", "v5") and not lse_store else lse)
 
 
 @triton.jit
