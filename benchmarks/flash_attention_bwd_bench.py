@@ -112,16 +112,21 @@ def main(argv=None):
     ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA); default = --heads")
     ap.add_argument("--sweep", nargs="*", default=["128:4096"], help="D:N points of the backward tile sweep")
     ap.add_argument("--graphs", action="store_true", help="also time fwd+bwd replayed from a CUDA graph")
+    ap.add_argument("--ws-lse-store", type=int, default=None, choices=[0, 1, 2],
+                    help="set flash_attention.WS_LSE_STORE (how warp-specialized forwards store the LSE)")
     ap.add_argument("--sweep-impls", nargs="+", default=["v2"], choices=list(SWEEPS))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_bwd_bench.py needs a CUDA GPU")
+    if args.ws_lse_store is not None:
+        fa.WS_LSE_STORE = args.ws_lse_store
     B, H = args.batch, args.heads
     Hkv = args.kv_heads or H
     meta = run_meta(dtype="bfloat16", batch=B, heads=H, kv_heads=Hkv,
                     timing="triton.testing.do_bench, return_mode=median (ms)",
                     flops="fwd 4*B*H*N^2*D (x0.5 causal); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
-                    default_bwd_blocks={d: fa._bwd_blocks(d, torch.bfloat16) for d in (64, 128)})
+                    default_bwd_blocks={d: fa._bwd_blocks(d, torch.bfloat16) for d in (64, 128)},
+                    ws_lse_store=fa.WS_LSE_STORE)
     rows = []
 
     def save(row):

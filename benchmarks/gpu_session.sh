@@ -257,6 +257,19 @@ kernels5-c)  # issue 12: backward v2 over at most 1K queries at every head dim (
   # the LSE that warp specialization drops: two other ways to store it (recomputed offsets, a descriptor)
   timeout 150 python3 benchmarks/check_ws_lse.py --out "$OUT/ws_lse_h200.json" > "$OUT/ws_lse_h200.txt" 2>&1
   echo "ws_lse rc=$?"; cat "$OUT/ws_lse_h200.txt"
+  # a store variant right in every call of v3 and v5: time training with the v5 forward it allows
+  V=$(python3 -c "
+import json; rows = json.load(open('$OUT/ws_lse_h200.json'))['rows']
+ok = [s for s in (1, 2) if all(r['lse_wrong'] == 0 and r['o_wrong'] == 0 and 'error' not in r
+                               for r in rows if r['lse_store'] == s and r['impl'] in ('v3', 'v5'))
+      and any(r['lse_store'] == s and r['impl'] == 'v5' for r in rows)]
+print(ok[0] if ok else '')" 2>/dev/null)
+  if [ -n "$V" ]; then
+    timeout 150 python3 benchmarks/flash_attention_bwd_bench.py --ws-lse-store "$V" --points 128:1024 128:4096 \
+      --flex-points --providers minillm sdpa_flash sdpa_cudnn --sweep --graphs \
+      --out "$OUT/flash_attention_ws_lse_train_h200.json" > "$OUT/flash_attention_ws_lse_train_h200.txt" 2>&1
+    echo "ws-lse training (store $V) rc=$?"; cat "$OUT/flash_attention_ws_lse_train_h200.txt"
+  fi
   timeout 300 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
     --providers minillm minillm_v3 minillm_v4 sdpa_flash sdpa_cudnn --sweep --graphs \
     --out "$OUT/flash_attention_n1k_final_h200.json" > "$OUT/flash_attention_n1k_final_h200.txt" 2>&1

@@ -354,13 +354,17 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
     """
     if interpreted or dtype == torch.float32 or D > 128:
         return "v1", 1
-    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0 and not need_lse:
+    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0 and (not need_lse or WS_LSE_STORE):
         return "v5", 1
     if D <= 64 and not causal and nk > 1024:
         return "v2", 1
     return "v1", 1
 
 
+# How the TMA forwards store the log-sum-exp (``_fwd_tile_tma``'s LSE_STORE): 0, through the row offsets of
+# the key loop, is what Triton 3.6 drops under warp specialization, so calls that need the LSE avoid v3/v5;
+# 1 (offsets recomputed after the loop) and 2 (a 1-D descriptor) are checked by benchmarks/check_ws_lse.py.
+WS_LSE_STORE = 0
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
@@ -414,6 +418,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     """
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
+    lse_store = lse_store or WS_LSE_STORE
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
@@ -424,7 +429,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    if (causal or need_lse) and impl in ("v3", "v5"):  # causal: wrong or no compile; the LSE store is dropped
+    if (causal or (need_lse and not lse_store)) and impl in ("v3", "v5"):  # causal: wrong or no compile;
+        # the LSE store through the loop's row offsets is dropped (see WS_LSE_STORE)
         impl = {"v3": "v2", "v5": "v4"}[impl]
     block_d = max(16, triton.next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
