@@ -106,19 +106,50 @@ def test_forward_impls_match_reference(case, dtype, impl):
         torch.testing.assert_close(lse[finite], lse1[finite], atol=1e-4, rtol=1e-5)
 
 
-def test_fwd_plan_never_picks_a_warp_specialized_version_when_the_lse_is_needed():
-    """Compiled, v3/v5 leave the lse unwritten: the plan for a GPU (interpreted=False) gives v5 at D=128,
-    non-causal, lengths multiples of 128, only to callers that do not need the lse."""
-    from minillm.kernels.flash_attention import bwd_plan, fwd_plan
+def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descriptor_store(monkeypatch):
+    """Compiled, v3/v5 drop an LSE stored through pointers: the plan for a GPU (interpreted=False) gives v5
+    at D=128, non-causal, lengths multiples of 128, to callers that need the lse only while the LSE goes
+    through the descriptor store (WS_LSE_STORE == 2); otherwise only to callers that do not need it."""
+    from minillm.kernels import flash_attention as fa
+    from minillm.kernels.flash_attention import fwd_plan
 
-    assert fwd_plan(128, torch.bfloat16, False, 1024, 1024, interpreted=False, need_lse=False) == ("v5", 1)
+    assert fa.WS_LSE_STORE == 2
+    assert fwd_plan(128, torch.bfloat16, False, 1024, 1024, interpreted=False, need_lse=True) == ("v5", 1)
+    for store in (0, 1):
+        monkeypatch.setattr(fa, "WS_LSE_STORE", store)
+        assert fwd_plan(128, torch.bfloat16, False, 1024, 1024, interpreted=False, need_lse=False) == ("v5", 1)
+        for causal in (False, True):
+            for n in (1024, 4096):
+                assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
+    monkeypatch.undo()
     for need_lse in (True, False):  # causal, or a length off the 128 grid: never v5
         assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
         assert fwd_plan(128, torch.bfloat16, False, 1000, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
-    for causal in (False, True):
-        for n in (1024, 4096):
-            assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
     assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
+
+
+@pytest.mark.parametrize("impl", ["v3", "v5"])
+def test_forward_warp_specialized_lse_routing(impl, monkeypatch):
+    """A call that needs the LSE runs v3/v5 with the descriptor store (and gets its LSE back); without that
+    store, or with a query length whose LSE rows the descriptor cannot address (Nq % 4 != 0), it runs v2/v4."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(1, 2, 2, 80, 80, 32, torch.float32, seed=33)
+    _, lse = fa._forward(q, k, v, False, 32 ** -0.5, impl=impl, need_lse=True)
+    assert fa.last_forward_impl == impl and lse is not None
+    q3 = q[:, :, :78].contiguous()
+    fa._forward(q3, k, v, False, 32 ** -0.5, impl=impl, need_lse=True)
+    assert fa.last_forward_impl == {"v3": "v2", "v5": "v4"}[impl]
+    monkeypatch.setattr(fa, "WS_LSE_STORE", 0)
+    fa._forward(q, k, v, False, 32 ** -0.5, impl=impl, need_lse=True)
+    assert fa.last_forward_impl == {"v3": "v2", "v5": "v4"}[impl]
+    _, lse = fa._forward(q, k, v, False, 32 ** -0.5, impl=impl, need_lse=False)
+    assert fa.last_forward_impl == impl and lse is None
+
+
+def test_bwd_plan_never_picks_v5():
+    from minillm.kernels.flash_attention import bwd_plan
+
     # the backward: v5 (dQ by atomics) is never a default
     plans = {bwd_plan(d, torch.bfloat16, c, n, interpreted=False) for d in (64, 128) for c in (False, True)
              for n in (1024, 4096)}
@@ -485,13 +516,15 @@ def assert_gradients_within_math_rule(q, k, v, causal, fn, seed):
 @pytest.mark.parametrize("fwd_impl", FWD_IMPLS + (None,))
 def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
     """The log-sum-exp handed back (return_lse, and to the backward) is right for every version, at a
-    shape where the default is the warp-specialized v5 when no log-sum-exp is asked for: compiled
-    with warp specialization, Triton 3.6 drops the LSE store, so those calls must run another version."""
+    shape where the default is the warp-specialized v5: compiled with warp specialization, Triton 3.6
+    drops an LSE stored through pointers, so v3/v5 store it through a descriptor (or, without that
+    store, such calls run another version)."""
     from minillm.kernels import flash_attention as fa
 
     q, k, v = make(2, 4, 4, 1024, 1024, 128, torch.bfloat16, seed=21)
     o, lse = flash_attention(q, k, v, return_lse=True, fwd_impl=fwd_impl)
-    assert fa.last_forward_impl not in ("v3", "v5")
+    if fa.WS_LSE_STORE != 2:
+        assert fa.last_forward_impl not in ("v3", "v5")
     want = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) * 128 ** -0.5, dim=-1)
     assert (lse.double() - want).abs().max().item() <= 1e-3
 

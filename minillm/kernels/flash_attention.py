@@ -346,25 +346,26 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 
     v5, the persistent warp-specialized version, only where it was measured and checked: D=128,
     non-causal, query and key lengths multiples of 128 (warp specialization returned NaNs with other
-    tiles, and causal it failed to compile with 4 warps and was slower than v1 with 8), and only
-    when the caller does not need the log-sum-exp: compiled with warp specialization, Triton 3.6
-    drops the kernel's LSE store (results/forward_repeats_lse_h200.json: every call of v3 and v5 left
-    it unwritten), so training (the backward reads it) and ``return_lse`` run v1 there. D<=64
-    non-causal past N=1K: v2, TMA. Everything else: v1. fp32 and the interpreter: v1.
+    tiles, and causal it failed to compile with 4 warps and was slower than v1 with 8). Training and
+    ``return_lse`` get it only while the LSE goes through the descriptor store (WS_LSE_STORE = 2):
+    through pointers, Triton 3.6 drops that store under warp specialization
+    (results/forward_repeats_lse_h200.json, ws_lse_h200.json). D<=64 non-causal past N=1K: v2, TMA.
+    Everything else: v1. fp32 and the interpreter: v1.
     """
     if interpreted or dtype == torch.float32 or D > 128:
         return "v1", 1
-    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0 and (not need_lse or WS_LSE_STORE):
+    if D == 128 and not causal and nq % 128 == 0 and nk % 128 == 0 and (not need_lse or WS_LSE_STORE == 2):
         return "v5", 1
     if D <= 64 and not causal and nk > 1024:
         return "v2", 1
     return "v1", 1
 
 
-# How the TMA forwards store the log-sum-exp (``_fwd_tile_tma``'s LSE_STORE): 0, through the row offsets of
-# the key loop, is what Triton 3.6 drops under warp specialization, so calls that need the LSE avoid v3/v5;
-# 1 (offsets recomputed after the loop) and 2 (a 1-D descriptor) are checked by benchmarks/check_ws_lse.py.
-WS_LSE_STORE = 0
+# How the warp-specialized forwards (v3, v5) store the log-sum-exp (``_fwd_tile_tma``'s LSE_STORE). Through
+# pointers (0), with the row offsets of the key loop or (1) recomputed after it, Triton 3.6 drops the store
+# under warp specialization; through a 1-D tensor descriptor (2) it is written (results/ws_lse_h200.json:
+# 0 of 16 calls wrong, against 16 of 16 for 0 and 1). 0 here sends every call that needs the LSE to v2/v4.
+WS_LSE_STORE = 2
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
@@ -401,24 +402,24 @@ def _num_sms(device) -> int:
 
 def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
              impl: str | None = None, programs_per_sm: int | None = None, need_lse: bool = True,
-             lse_store: int = 0):
+             lse_store: int | None = None):
     """Launch a forward version (FWD_IMPLS; None: ``fwd_plan``'s); ``config`` = (BLOCK_M, BLOCK_N,
     num_warps, num_stages) overrides ``_blocks``' table (benchmarks/flash_attention_tune.py sweeps it);
     ``programs_per_sm`` sizes the persistent grid of v4/v5. Returns (o, lse); lse is None when
-    ``need_lse`` is False and a warp-specialized version ran, which does not write it.
+    ``need_lse`` is False and a warp-specialized version ran with a pointer store, which it drops.
 
     A TMA version runs v1 instead when the tensors' rows are not 16-byte aligned (``_tma_ok``), and,
     with the default tiles, when Triton fails to compile it for the shape (its warp-specialization
     pass fails on some ragged shapes); causal calls of v3 / v5, and calls that need the log-sum-exp,
     run v2 / v4 (compiled with warp specialization, Triton 3.6 drops the LSE store: see fwd_plan);
     ``last_forward_impl`` says what ran. An explicit ``config``
-    is never replaced: its errors propagate (the tune sweep records them). ``lse_store`` (1 or 2; for
-    benchmarks/check_ws_lse.py) picks another way for the TMA versions to store the LSE and hands back
-    the LSE buffer even from a warp-specialized run, so that a check can see whether it was written.
+    is never replaced: its errors propagate (the tune sweep records them). ``lse_store`` picks how the
+    TMA versions store the LSE (see WS_LSE_STORE, the default for v3/v5 when Nq % 4 == 0; 0, 1, 2 for
+    benchmarks/check_ws_lse.py); a warp-specialized run with a pointer store (0, 1) hands back its LSE
+    buffer only when ``lse_store`` was asked for, so that the check can see whether it was written.
     """
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
-    lse_store = lse_store or WS_LSE_STORE
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
@@ -429,8 +430,11 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    if (causal or (need_lse and not lse_store)) and impl in ("v3", "v5"):  # causal: wrong or no compile;
-        # the LSE store through the loop's row offsets is dropped (see WS_LSE_STORE)
+    asked = lse_store is not None
+    if not asked:  # the descriptor store needs 16-byte aligned rows of the LSE: Nq % 4 == 0
+        lse_store = WS_LSE_STORE if impl in ("v3", "v5") and Nq % 4 == 0 else 0
+    if (causal or (need_lse and lse_store != 2)) and impl in ("v3", "v5"):  # causal: wrong or no compile;
+        # without the descriptor store, the LSE is dropped (see WS_LSE_STORE)
         impl = {"v3": "v2", "v5": "v4"}[impl]
     block_d = max(16, triton.next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
@@ -468,7 +472,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         impl = "v1"
         kern = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = kern, impl
-    return o, (None if impl in ("v3", "v5") and not lse_store else lse)
+    return o, (None if impl in ("v3", "v5") and lse_store != 2 and not asked else lse)
 
 
 @triton.jit
