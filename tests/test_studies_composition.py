@@ -118,3 +118,41 @@ def test_hf_greedy_matches_cached_decode_with_and_without_cache():
     assert hf_greedy(hf, prompts, 5, use_cache=True) == ref
     with pytest.raises(ValueError):
         hf_greedy(hf, prompts, 0, use_cache=True)
+
+
+def test_ladder_stack_stops_at_the_fastest_rung_when_the_last_rung_loses():
+    # the shape of the recorded 1B ladder: four rungs that gain, then speculation in a full batch that loses
+    lad = Ladder(["hf", "cache", "engine", "graphs", "batching", "spec"], [44.0, 83.0, 99.0, 362.0, 3973.0, 2393.0])
+    assert lad.best_index == 4 and lad.best_name == "batching"
+    assert lad.best == pytest.approx(3973 / 44) and lad.total == pytest.approx(2393 / 44)
+    assert lad.stack.names == ["hf", "cache", "engine", "graphs", "batching"]
+    np.testing.assert_allclose(lad.stack.tok_per_s, lad.tok_per_s[:5])
+    assert lad.stack.total == pytest.approx(lad.best)
+    assert lad.from_composition()
+    with pytest.raises(ValueError, match="fastest"):
+        Ladder(["a", "b"], [5.0, 1.0]).stack
+    assert not Ladder(["a", "b", "c"], [5.0, 1.0, 4.0]).from_composition()
+
+
+def test_ladder_composition_ignores_steps_after_the_fastest_rung():
+    # the whole ladder's largest step (20x) only wins back a loss after the fastest rung; up to the fastest
+    # rung two steps (3x, 10x) compose, and 30x without the largest (10x) is still 3x
+    lad = Ladder(["a", "b", "c", "d", "e"], [1.0, 3.0, 30.0, 1.0, 20.0])
+    assert lad.largest_step == pytest.approx(20) and lad.best / lad.largest_step < 3
+    assert lad.stack.largest_step == pytest.approx(10) and lad.from_composition()
+    # and a recovery after the fastest rung does not count as a second gaining step
+    assert not Ladder(["a", "b", "c", "d"], [1.0, 30.0, 1.0, 20.0]).from_composition()
+
+
+def test_composed_ladder_reads_the_recorded_run_and_rejects_a_truncated_one():
+    bench = load_result("composed_h200.json")
+    rows = [r for r in bench["rungs"] if r["model"] == "llama1b"]
+    lad, same = composed_ladder(bench, "llama1b", min_rungs=6)
+    assert lad.names == [r["rung"] for r in rows] and len(lad.names) == 6
+    assert lad.tok_per_s[0] == rows[0]["output_tok_per_s"] and same == [r["identical_to_reference"] for r in rows]
+    assert lad.best == pytest.approx(max(r["output_tok_per_s"] for r in rows) / rows[0]["output_tok_per_s"])
+    assert lad.stack.names == lad.names[: lad.best_index + 1]
+    cut = {**bench, "rungs": [r for r in bench["rungs"] if r is not rows[-1]]}   # the run stopped before its last rung
+    assert len(composed_ladder(cut, "llama1b")[0].names) == 5
+    with pytest.raises(KeyError, match="5 rungs"):
+        composed_ladder(cut, "llama1b", min_rungs=6)

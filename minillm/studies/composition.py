@@ -97,6 +97,24 @@ class Ladder:
         return float(self.tok_per_s.max() / self.tok_per_s[0])
 
     @property
+    def best_index(self) -> int:
+        """Index of the fastest rung (the first of them on a tie)."""
+        return int(np.argmax(self.tok_per_s))
+
+    @property
+    def best_name(self) -> str:
+        return self.names[self.best_index]
+
+    @property
+    def stack(self) -> "Ladder":
+        """The ladder up to and including its fastest rung: the stack worth deploying. Rungs after it lose
+        throughput (speculation in a full batch, say) and are left out. Raises ValueError when the first rung
+        is the fastest, as then there is no stack to climb."""
+        if self.best_index == 0:
+            raise ValueError(f"the first rung ({self.names[0]!r}) is the fastest: no rung gains over it")
+        return Ladder(self.names[: self.best_index + 1], self.tok_per_s[: self.best_index + 1])
+
+    @property
     def largest_step(self) -> float:
         return float(self.steps.max())
 
@@ -109,11 +127,16 @@ class Ladder:
         return int(np.sum(self.steps >= factor))
 
     def from_composition(self, factor: float = 1.5, rest: float = 3.0) -> bool:
-        """True when the whole gain needs several rungs: at least two rungs gain ``factor`` or more, and the
-        ladder without its largest rung still gains ``rest`` or more (the fastest rung over the first,
-        divided by the largest single step). A ladder whose largest rung is most of the way, like a cache
-        followed by rungs that barely pay, is one trick, not a composition."""
-        return self.steps_above(factor) >= 2 and self.best / self.largest_step >= rest
+        """True when the whole gain needs several rungs of :attr:`stack` (the rungs up to the fastest): at
+        least two of them gain ``factor`` or more, and the stack without its largest rung still gains ``rest``
+        or more (the fastest rung over the first, divided by the largest step up to it). Rungs after the
+        fastest are not part of the gain: a step that only wins back an earlier loss does not count. A
+        ladder whose largest rung is most of the way, like a cache followed by rungs that barely pay, is one
+        trick, not a composition; a ladder whose first rung is the fastest is neither."""
+        if self.best_index == 0:
+            return False
+        s = self.stack
+        return s.steps_above(factor) >= 2 and s.best / s.largest_step >= rest
 
 
 def _index_runs(bench: dict) -> dict:
