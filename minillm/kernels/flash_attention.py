@@ -26,8 +26,8 @@ own a query tile accumulate dQ (in v5, the key-tile programs add dQ by atomics i
 Every version of both stays in this module, selectable, so that one benchmark can time
 them side by side (chapter 6 lists what each bought): forward v1 (pointer loads, the loop
 above) and v2-v5 (TMA tensor descriptors, warp specialization, a persistent grid; see the
-note above _fwd_inner_tma; the warp-specialized v3/v5 do not write the lse when compiled,
-so calls that need it never run them); backward v1 (two kernels, per-query-head buffers)
+note above _fwd_inner_tma; compiled, the warp-specialized v3/v5 drop an lse stored through
+pointers, so they store it through a tensor descriptor, see WS_LSE_STORE); backward v1 (two kernels, per-query-head buffers)
 and v2-v5 (one launch; TMA tile loads; two launches; dQ by atomics). ``fwd_plan`` and
 ``bwd_plan`` pick the measured defaults.
 """
