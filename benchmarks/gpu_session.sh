@@ -18,6 +18,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels5-diag")  # next: D=64 causal 1K, paged B=16
 #                run(command="bash benchmarks/gpu_session.sh kernels5-b")     # the N=1K step: host against GPU
 #                run(command="bash benchmarks/gpu_session.sh kernels5-c")     # v2 up to 1K queries, every D
+#                run(command="bash benchmarks/gpu_session.sh kernels5-d")     # the descriptor LSE store, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
