@@ -278,7 +278,7 @@ print(ok[0] if ok else '')" 2>/dev/null)
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_final_h200.txt" ;;
 kernels5-d)  # issue 12: the descriptor LSE store as the default (tests), then the N=1K fwd+bwd column again (~4 min)
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
-    -k "training_default_path or lse_matches or lse_store or routing" | run_shards kernel_tests_kernels5d 6 150
+    -k "training_default_path or lse_matches or lse_store or routing or impls_match" | run_shards kernel_tests_kernels5d 8 170
   timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
     --providers minillm sdpa_flash sdpa_cudnn --sweep --graphs \
     --out "$OUT/flash_attention_n1k_lse2_h200.json" > "$OUT/flash_attention_n1k_lse2_h200.txt" 2>&1

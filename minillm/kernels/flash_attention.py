@@ -364,7 +364,8 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # How the warp-specialized forwards (v3, v5) store the log-sum-exp (``_fwd_tile_tma``'s LSE_STORE). Through
 # pointers (0), with the row offsets of the key loop or (1) recomputed after it, Triton 3.6 drops the store
 # under warp specialization; through a 1-D tensor descriptor (2) it is written (results/ws_lse_h200.json:
-# 0 of 16 calls wrong, against 16 of 16 for 0 and 1). 0 here sends every call that needs the LSE to v2/v4.
+# 0 of 16 calls wrong, against 16 of 16 for 0 and 1). With 0 here, fwd_plan never gives v5 to a call that
+# needs the LSE, and an explicit v3/v5 there runs v2/v4.
 WS_LSE_STORE = 2
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
@@ -410,8 +411,9 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
 
     A TMA version runs v1 instead when the tensors' rows are not 16-byte aligned (``_tma_ok``), and,
     with the default tiles, when Triton fails to compile it for the shape (its warp-specialization
-    pass fails on some ragged shapes); causal calls of v3 / v5, and calls that need the log-sum-exp,
-    run v2 / v4 (compiled with warp specialization, Triton 3.6 drops the LSE store: see fwd_plan);
+    pass fails on some ragged shapes); causal calls of v3 / v5 run v2 / v4, and so do calls that need
+    the log-sum-exp when it cannot go through the descriptor store (Nq % 4 != 0, or WS_LSE_STORE != 2:
+    compiled with warp specialization, Triton 3.6 drops an LSE stored through pointers);
     ``last_forward_impl`` says what ran. An explicit ``config``
     is never replaced: its errors propagate (the tune sweep records them). ``lse_store`` picks how the
     TMA versions store the LSE (see WS_LSE_STORE, the default for v3/v5 when Nq % 4 == 0; 0, 1, 2 for
@@ -430,12 +432,14 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
+    ws_off = {"v3": "v2", "v5": "v4"}
+    if causal and impl in ws_off:  # causal warp specialization: wrong results or no compile
+        impl = ws_off[impl]
     asked = lse_store is not None
     if not asked:  # the descriptor store needs 16-byte aligned rows of the LSE: Nq % 4 == 0
-        lse_store = WS_LSE_STORE if impl in ("v3", "v5") and Nq % 4 == 0 else 0
-    if (causal or (need_lse and lse_store != 2)) and impl in ("v3", "v5"):  # causal: wrong or no compile;
-        # without the descriptor store, the LSE is dropped (see WS_LSE_STORE)
-        impl = {"v3": "v2", "v5": "v4"}[impl]
+        lse_store = WS_LSE_STORE if impl in ws_off and Nq % 4 == 0 else 0
+    if need_lse and lse_store != 2 and impl in ws_off:  # a pointer store is dropped (see WS_LSE_STORE)
+        impl = ws_off[impl]
     block_d = max(16, triton.next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     global last_forward_kernel, last_forward_impl
@@ -458,7 +462,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                                      LSE_STORE=lse_store, **common)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
-    key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0)  # a ragged last key tile compiles another loop
+    key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop
     if impl != "v1" and config is None and key in _fwd_fallen_back:
         impl, cfg = "v1", _blocks(D, q.dtype, causal=causal, n=Nk)
     try:
@@ -915,7 +919,7 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
     D=128 start from flex_attention's sm90 defaults and are the winners of the sweeps on the H200
     (results/flash_attention_bwd_h200.json, bf16, N=4096); at D=64 small tiles with 4 warps win, most
     of all when the two sides are launched apart (v4), and in one launch (v2, v3) 32 x 64 / 64 x 32
-    with 4 warps beat flex's 8-warp tile by 14% at N=4K and 17-26% at N=1K
+    with 4 warps took 12-19% less time than flex's 8-warp tile at N=4K and 16-21% less at N=1K
     (results/flash_attention_bwd_sweep_h200.json, flash_attention_bwd_n1k_h200.json). fp32 tiles are
     twice the bytes, so they get smaller tiles and no pipelining.
     """
