@@ -33,3 +33,16 @@ def write_results(path, meta: dict, rows: list) -> None:
     if path:
         with open(path, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def worse(worst: float, err: float) -> float:
+    """The larger error, where NaN counts as the worst of all (and stays once seen)."""
+    return err if err != err or err > worst else worst
+
+
+def poison(nbytes: int) -> None:
+    """Hand the caching allocator a NaN-filled block of ``nbytes``: the next allocation of that size reuses it,
+    so a value a kernel fails to write shows up as NaN instead of as whatever the block held."""
+    t = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    t.fill_(float("nan"))
+    del t

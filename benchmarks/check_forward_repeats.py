@@ -22,24 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minillm.kernels import flash_attention as fa  # noqa: E402
 
-from _common import run_meta, write_results  # noqa: E402
+from _common import poison, run_meta, worse, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
 def cudnn(q, k, v, causal):
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
-def worse(worst: float, err: float) -> float:
-    """The larger error, where NaN counts as the worst of all (and stays once seen)."""
-    return err if err != err or err > worst else worst
-
-
-def poison(nbytes: int) -> None:
-    t = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
-    t.fill_(float("nan"))
-    del t
 
 
 def main(argv=None):

@@ -241,10 +241,10 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
                   LSE_STORE: tl.constexpr = 0):
-    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. ``LSE_STORE``
-    (an experiment on the LSE that warp specialization drops): 0 stores it through pointers built from
-    the row offsets computed before the loop, 1 through offsets recomputed after it, 2 through a 1-D
-    tensor descriptor."""
+    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. ``LSE_STORE``:
+    0 stores the LSE through pointers built from the row offsets computed before the loop, 1 through
+    offsets recomputed after it, 2 through a 1-D tensor descriptor, the only one of the three that warp
+    specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
