@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
+from minillm.kernels import launch  # noqa: E402
 
 from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -48,8 +49,9 @@ SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT, "v5": SWEEP_ATOMIC}
 
 def forward_fn(name, causal, gqa):
     """A function (q, k, v) -> o for one provider; flex and minillm handle GQA natively, SDPA via enable_gqa."""
-    if name.startswith("minillm"):  # "minillm": the default plans; "minillm_vN": backward version N
-        impl = name.split("_", 1)[1] if "_" in name else None
+    if name.startswith("minillm"):  # "minillm": the default plans; "minillm_vN": backward version N;
+        # "minillm_jit": the default plans launched through Triton's binder (main turns launch.FAST_LAUNCH off)
+        impl = name.split("_", 1)[1] if "_" in name and name != "minillm_jit" else None
         return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, bwd_impl=impl)
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -158,6 +160,7 @@ def main(argv=None):
                     continue
             for name in providers:
                 row = {"D": d, "N": n, "causal": causal, "provider": name}
+                launch.FAST_LAUNCH = name != "minillm_jit"
                 try:
                     fn = forward_fn(name, causal, Hkv != H)
                     if name.startswith("minillm") and want is not None:
@@ -171,7 +174,7 @@ def main(argv=None):
                     if ms_graph is not None:
                         row.update(ms_fwd_bwd_graph=ms_graph,
                                    tflops_fwd_bwd_graph=3.5 * fwd_flops / (ms_graph * 1e-3) / 1e12)
-                    if name in ("minillm", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
+                    if name in ("minillm", "minillm_jit", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
                             fa.last_backward_kernel is not None:  # (v1 has its own kernels; the default is v2-v4)
                         kern = fa.last_backward_kernel
                         row.update(config=fa.last_backward_config, path=fa.last_backward_path, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
@@ -188,6 +191,7 @@ def main(argv=None):
                           f"{' '.join(f'{x:.1e}' for x in diff.values()) if diff else ''}"
                           + (f"  graph {row['ms_fwd_bwd_graph']:.3f} ms" if "ms_fwd_bwd_graph" in row else ""),
                           flush=True)
+            launch.FAST_LAUNCH = True
             torch.cuda.empty_cache()
     if args.sweep and len(runs) == len(points):
         sweep(args, B, H, Hkv, save)

@@ -19,6 +19,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels5-b")     # the N=1K step: host against GPU
 #                run(command="bash benchmarks/gpu_session.sh kernels5-c")     # v2 up to 1K queries, every D
 #                run(command="bash benchmarks/gpu_session.sh kernels5-d")     # the descriptor LSE store, N=1K again
+#                run(command="bash benchmarks/gpu_session.sh kernels6")       # the fast launch path, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -30,15 +31,15 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 PROVIDERS="minillm sdpa_flash sdpa_cudnn sdpa_efficient"
 
 # run_shards NAME N TIMEOUT < ids: the test ids on stdin in N parallel pytest processes (the compiled tests mostly
-# wait on Triton compiles, which are CPU-bound), each under TIMEOUT seconds; prints the summaries and failures and
-# collects the logs into $OUT/NAME.txt
+# wait on Triton compiles, which are CPU-bound), each under TIMEOUT seconds (then interrupted: pytest still prints
+# its summary and the failures so far); prints the summaries and failures and collects the logs into $OUT/NAME.txt
 run_shards() {
   local name=$1 n=$2 limit=$3 S=/tmp/shards_$1 T
   rm -rf "$S"; mkdir -p "$S"; T="$S/log"
   grep '::' > "$S/ids"
   split -n "r/$n" "$S/ids" "$S/shard."
   for f in "$S"/shard.*; do
-    ( mapfile -t ids < "$f"; timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+    ( mapfile -t ids < "$f"; timeout -s INT -k 30 "$limit" python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
         > "$T.${f##*.}.txt" 2>&1 ) &
   done
   wait
@@ -283,6 +284,34 @@ kernels5-d)  # issue 12: the descriptor LSE store as the default (tests), then t
     --providers minillm sdpa_flash sdpa_cudnn --sweep --graphs \
     --out "$OUT/flash_attention_n1k_lse2_h200.json" > "$OUT/flash_attention_n1k_lse2_h200.txt" 2>&1
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_lse2_h200.txt" ;;
+kernels6)  # issue 12: the fast launch path (minillm/kernels/launch.py); every compiled kernel test, then the N=1K
+  # training step with and without it beside FA2 (~8 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py \
+    tests/test_paged_cache.py tests/test_torch_model.py tests/test_serving_torch_runner.py | run_shards kernel_tests_kernels6 8 200
+  timeout 120 python3 benchmarks/profile_attention_step.py --providers minillm minillm_jit sdpa_flash \
+    --out "$OUT/attention_step_launch_h200.json" > "$OUT/attention_step_launch_h200.txt" 2>&1
+  echo "profile rc=$?"; grep -E "^D=|host issue" "$OUT/attention_step_launch_h200.txt"
+  timeout 230 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_jit sdpa_flash sdpa_cudnn --sweep --graphs \
+    --out "$OUT/flash_attention_n1k_launch_h200.json" > "$OUT/flash_attention_n1k_launch_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_launch_h200.txt" ;;
+kernels6-b)  # issue 12: the host cost part by part; the compiled kernel tests, the heavy parametrizations last
+  timeout 150 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_h200.json" \
+    > "$OUT/host_breakdown_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_h200.txt"
+  HEAVY="impls_match_reference or tile_shapes_split"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py \
+    tests/test_paged_cache.py tests/test_torch_model.py tests/test_serving_torch_runner.py -k "not ($HEAVY)" \
+    | run_shards kernel_tests_kernels6 8 200
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
+    | run_shards kernel_tests_kernels6_heavy 8 190 ;;
+kernels6-c)  # issue 12: kernels6-b again with the fast path actually taken (Triton 3.6's hooks are empty chains)
+  timeout 150 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_h200.json" \
+    > "$OUT/host_breakdown_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_h200.txt"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_paged_attention.py \
+    tests/test_kernels_flash_attention.py -k "launch or ticket_counters or impls_match_reference or tile_shapes_split" \
+    | run_shards kernel_tests_kernels6c 8 250 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

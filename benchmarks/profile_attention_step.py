@@ -29,13 +29,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minillm.kernels import flash_attention as fa  # noqa: E402
+from minillm.kernels import launch  # noqa: E402
 
-from _common import run_meta, write_results  # noqa: E402
+from _common import median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
 def step_fn(provider: str, causal: bool):
-    if provider == "minillm":
+    if provider.startswith("minillm"):  # "minillm_jit": launch.FAST_LAUNCH off (profile_point sets it)
         return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal)
 
     def run(q, k, v):
@@ -62,16 +63,7 @@ def host_times(step, calls: int) -> dict:
             for _ in range(3):
                 step()
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        graph.replay()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            graph.replay()
-        torch.cuda.synchronize()
-        out["graph_us_per_step"] = (time.perf_counter() - t) / calls * 1e6
+        out["graph_us_per_step"] = median_ms_cudagraph(step) * 1e3
     except Exception as e:  # noqa: BLE001  (recorded: a step that cannot be captured has no GPU-only time)
         out["graph_us_per_step"], out["graph_error"] = None, f"{type(e).__name__}: {e}"[:300]
     return out
@@ -102,6 +94,7 @@ def profile_point(provider: str, d: int, n: int, causal: bool, calls: int, host_
     q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     fn = step_fn(provider, causal)
+    launch.FAST_LAUNCH = provider != "minillm_jit"
 
     def step():
         torch.autograd.grad(fn(q, k, v), (q, k, v), do)
@@ -127,7 +120,8 @@ def profile_point(provider: str, d: int, n: int, causal: bool, calls: int, host_
     row.update(host_times(step, calls=200))
     if host_profile:
         row["host_profile"] = cprofile_top(step, calls=200)
-    if provider == "minillm":
+    launch.FAST_LAUNCH = True
+    if provider.startswith("minillm"):
         row.update(fwd_impl=fa.last_forward_impl, bwd_path=fa.last_backward_path, bwd_config=fa.last_backward_config)
     return row
 
@@ -148,11 +142,11 @@ def main(argv=None):
         parts = point.split(":")
         d, n, causal = int(parts[0]), int(parts[1]), parts[2:] == ["causal"]
         for provider in args.providers:
-            row = profile_point(provider, d, n, causal, args.calls, args.host_profile and provider == "minillm")
+            row = profile_point(provider, d, n, causal, args.calls, args.host_profile and provider.startswith("minillm"))
             rows.append(row)
             print(f"D={d} N={n} causal={causal} {provider}: wall {row['wall_us_per_step']:.0f} us, kernels "
                   f"{row['device_us_per_step']:.0f} us" + (f" (fwd {row['fwd_impl']}, bwd {row['bwd_path']} "
-                                                            f"{row['bwd_config']})" if provider == "minillm" else ""))
+                                                            f"{row['bwd_config']})" if provider.startswith("minillm") else ""))
             print(f"    host issue {row['issue_us_per_step']:.0f} us, eager {row['eager_us_per_step']:.0f} us, "
                   f"CUDA graph {row['graph_us_per_step'] or float('nan'):.0f} us {row.get('graph_error', '')}")
             for r in row["kernels"][:6]:

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from ..attention import check_attention_inputs
 from . import INTERPRETED, check_placement, check_tensors
+from .launch import fast_launch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -450,14 +451,16 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
         if impl == "v1":
-            return _fwd_kernel[(n_m, B * Hq)](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *args,
+            return fast_launch(_fwd_kernel, (n_m, B * Hq), q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq,
+                               Hq // k.shape[1], *args,
                                               PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
         persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
-        return _fwd_kernel_tma[grid](q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles,
+        return fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
+                           n_m, tiles,
                                      *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
                                      LSE_STORE=lse_store, **common)
 
@@ -607,19 +610,19 @@ def _backward_v1(q, k, v, o, lse, do, causal: bool, scale: float):
     bm, bn = (16, 16) if INTERPRETED else (64, 64) if D <= 128 else (32, 32)
     ieee = q.dtype == torch.float32
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    _bwd_preprocess[(triton.cdiv(Nq, bm), B * Hq)](o, do, delta, Nq, Hq, *o.stride()[:3], *do.stride()[:3],
-                                                    HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm)
+    fast_launch(_bwd_preprocess, (triton.cdiv(Nq, bm), B * Hq), o, do, delta, Nq, Hq, *o.stride()[:3],
+                *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm)
     dq = torch.empty_like(q)
     # dK/dV per query head (GQA sums them into the shared K/V head below)
     dk_h = torch.empty((B, Hq, Nk, D), device=q.device, dtype=torch.float32 if group > 1 else k.dtype)
     dv_h = torch.empty_like(dk_h)
     common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, IEEE=ieee,
                   num_warps=1 if INTERPRETED else 4)
-    _bwd_dkdv_kernel[(triton.cdiv(Nk, bn), B * Hq)](
-        q, k, v, do, lse, delta, dk_h, dv_h, scale, Nq, Nk, Hq, group,
+    fast_launch(
+        _bwd_dkdv_kernel, (triton.cdiv(Nk, bn), B * Hq), q, k, v, do, lse, delta, dk_h, dv_h, scale, Nq, Nk, Hq, group,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk_h.stride()[:3], **common)
-    _bwd_dq_kernel[(triton.cdiv(Nq, bm), B * Hq)](
-        q, k, v, do, lse, delta, dq, scale, Nq, Nk, Hq, group,
+    fast_launch(
+        _bwd_dq_kernel, (triton.cdiv(Nq, bm), B * Hq), q, k, v, do, lse, delta, dq, scale, Nq, Nk, Hq, group,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], **common)
     if group > 1:
         dk = dk_h.view(B, Hkv, group, Nk, D).sum(2).to(k.dtype)
@@ -983,9 +986,8 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
     pre_m = 16 if INTERPRETED else 64
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
-    _bwd_preprocess_v2[(triton.cdiv(Nq, pre_m), B * Hq)](o, do, lse, delta, lse2, Nq, Hq, *o.stride()[:3],
-                                                         *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d,
-                                                         BLOCK_M=pre_m)
+    fast_launch(_bwd_preprocess_v2, (triton.cdiv(Nq, pre_m), B * Hq), o, do, lse, delta, lse2, Nq, Hq,
+                *o.stride()[:3], *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # v5 adds dQ into float32 by atomics; a TMA reduction that fails to compile falls back to pointer atomics
     reduce = 0 if not dq_atomic else 2 if tma and not INTERPRETED and (D, q.dtype) not in _tma_reduce_failed else 1
@@ -1001,14 +1003,17 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
                       CAUSAL=causal, PAD_D=block_d != D, IEEE=q.dtype == torch.float32, TMA=tma)
         if dq_atomic:
             rotate = bool(cfg[6]) if len(cfg) >= 7 else True
-            return _bwd_kernel_v2[(n_kv, B * Hkv)](*args, SIDE=1, DQ_ATOMIC=reduce, ROTATE=rotate, num_warps=warps,
+            return fast_launch(_bwd_kernel_v2, (n_kv, B * Hkv), *args, SIDE=1, DQ_ATOMIC=reduce, ROTATE=rotate,
+                               num_warps=warps,
                                                    num_stages=stages, **common)
         if not split:
-            return _bwd_kernel_v2[(n_kv + n_q * group, B * Hkv)](*args, SIDE=0, num_warps=warps, num_stages=stages,
+            return fast_launch(_bwd_kernel_v2, (n_kv + n_q * group, B * Hkv), *args, SIDE=0, num_warps=warps,
+                               num_stages=stages,
                                                                    **common)
         warps2, stages2 = cfg[6:8] if len(cfg) >= 8 else (warps, stages)
-        kern = _bwd_kernel_v2[(n_kv, B * Hkv)](*args, SIDE=1, num_warps=warps, num_stages=stages, **common)
-        _bwd_kernel_v2[(n_q * group, B * Hkv)](*args, SIDE=2, num_warps=warps2, num_stages=stages2, **common)
+        kern = fast_launch(_bwd_kernel_v2, (n_kv, B * Hkv), *args, SIDE=1, num_warps=warps, num_stages=stages, **common)
+        fast_launch(_bwd_kernel_v2, (n_q * group, B * Hkv), *args, SIDE=2, num_warps=warps2, num_stages=stages2,
+                    **common)
         return kern
 
     global last_backward_kernel, last_backward_config, last_backward_path

@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
+from .launch import fast_launch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
@@ -271,7 +272,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
     qc = q if q.stride(-1) == 1 else q.contiguous()
     global last_decode_kernel
-    last_decode_kernel = _paged_decode_kernel[(B, Hkv, splits)](
+    last_decode_kernel = fast_launch(
+        _paged_decode_kernel, (B, Hkv, splits),
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, tickets, scale * 1.4426950408889634, split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
@@ -279,6 +281,6 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket, **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
-        _merge_splits_kernel[(B * Hq,)](m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d, SPLITS_PAD=splits_pad,
-                                        num_warps=1 if INTERPRETED else 4)
+        fast_launch(_merge_splits_kernel, (B * Hq,), m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,
+                    SPLITS_PAD=splits_pad, num_warps=1 if INTERPRETED else 4)
     return out

@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
+from .launch import fast_launch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -237,8 +238,8 @@ def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty((T, Hq, D), device=q.device, dtype=out_dtype)
     grid = (triton.cdiv(max_seqlen_q, tokens), S, Hkv)
-    _varlen_kernel[grid](
-        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale * LOG2E, T,
+    fast_launch(
+        _varlen_kernel, grid, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale * LOG2E, T,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         block_tables.stride(0), block_tables.shape[1], block_size, num_blocks,
         GROUP=group, TOKENS=tokens, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, PAD_D=block_d != D,

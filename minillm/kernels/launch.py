@@ -1,0 +1,101 @@
+"""Launching a compiled Triton kernel with less host work than ``kernel[grid](...)``.
+
+Every ``kernel[grid](*args)`` call runs Triton's JIT front door on the host: it binds the
+arguments, asks Triton's C++ code how to specialize each one (an integer equal to 1 becomes a
+constant, one divisible by 16 gets an alignment hint, a pointer aligned to 16 bytes another),
+turns the options into a cache key, looks the compiled kernel up, and only then launches it.
+For a kernel with thirty integer arguments (strides) that is tens of microseconds per launch,
+comparable to the kernel itself at short sequence lengths: at N=1K a training step of attention
+was host-bound on the H200 (benchmarks/results/attention_step_host_h200.json).
+
+``fast_launch`` keeps the compiled kernel per *specialization class* of the arguments, computed in
+plain Python from the same rules, and calls its launcher directly on later calls. The first call
+of a class goes through ``kernel[grid]`` unchanged (compiling or finding the kernel, raising its
+errors), so a class that Triton would compile differently can never share an entry: two argument
+lists share one when every integer agrees on (== 1, % 16 == 0, its integer type), every tensor on
+(dtype, 16-byte alignment of its data pointer), every float, bool and None on its type, and the
+constexpr keywords are equal. ``tests/test_kernels_launch.py`` checks that partition against
+Triton's own specialization function.
+
+The fast path is off in the interpreter, for Triton versions it was not checked on
+(``CHECKED_TRITON``), and while a launch hook is installed (profilers such as proton install them; ``hooks_off``);
+``FAST_LAUNCH = False`` turns it off (the benchmarks flip it to measure what it saves). What it
+skips besides the binder: Triton's check that global variables a kernel reads have not changed
+since it was compiled (the kernels here read none that change).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton import knobs
+from triton.runtime import driver
+
+from . import INTERPRETED
+
+FAST_LAUNCH = True
+CHECKED_TRITON = ("3.6.",)  # the versions whose specialization rules _arg_class mirrors (checked by a test)
+_SUPPORTED = INTERPRETED is False and triton.__version__.startswith(CHECKED_TRITON)
+_I32 = (-2**31, 2**31)
+_entries: dict = {}  # (kernel, device, argument classes, constexpr items) -> (launcher, function, metadata, tail)
+stats = {"fast": 0, "slow": 0}  # launches that skipped the binder, and those that went through it
+
+
+def _arg_class(a):
+    """What Triton's specialization sees of one argument (see the module docstring)."""
+    t = type(a)
+    if t is int:
+        return (a == 1, a % 16 == 0, _I32[0] <= a < _I32[1], a >= 2**63)
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if t is float or t is bool or a is None:
+        return t
+    raise TypeError(f"no fast launch for an argument of type {t.__name__}")
+
+
+def hooks_off() -> bool:
+    """True when no launch hook is installed. Triton 3.6 keeps the hooks as (normally empty) chains, not
+    None, and calls them on every launch through the JIT; the fast path calls none."""
+    return all(h is None or not getattr(h, "calls", True)
+               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
+
+
+def arg_classes(args) -> tuple:
+    return tuple([_arg_class(a) for a in args])
+
+
+def fast_launch(kernel, grid: tuple, *args, **constexprs):
+    """``kernel[grid](*args, **constexprs)``; returns the compiled kernel, as that does.
+
+    ``args`` are the kernel's leading parameters, positionally; ``constexprs`` the rest by name
+    (constexpr parameters and the options num_warps / num_stages). Repeated calls whose arguments
+    fall in one specialization class launch the kernel compiled for the first without Triton's
+    binder."""
+    if not (FAST_LAUNCH and _SUPPORTED and hooks_off()):
+        stats["slow"] += 1
+        return kernel[grid](*args, **constexprs)
+    device = driver.active.get_current_device()
+    try:
+        key = (kernel, device, arg_classes(args), tuple(constexprs.items()))
+        entry = _entries.get(key)
+    except TypeError:  # an argument type the classes do not cover, or an unhashable constexpr
+        stats["slow"] += 1
+        return kernel[grid](*args, **constexprs)
+    if entry is None:
+        stats["slow"] += 1
+        compiled = kernel[grid](*args, **constexprs)
+        names = kernel.arg_names[len(args):]  # the kernel's remaining parameters, in signature order
+        defaults = {p.name: p.default for p in kernel.params if p.has_default}
+        tail = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
+        _entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail, compiled)
+        return compiled
+    run, function, metadata, tail, compiled = entry
+    g = (*grid, 1, 1)
+    run(g[0], g[1], g[2], driver.active.get_current_stream(device), function, metadata, None, None, None,
+        *args, *tail)
+    stats["fast"] += 1
+    return compiled
+
+
+def clear() -> None:
+    """Forget every remembered kernel (Triton's own cache keeps them compiled)."""
+    _entries.clear()

@@ -1,0 +1,138 @@
+"""minillm/kernels/launch.py: the fast launch path must launch exactly what kernel[grid] would.
+
+On CPU: the argument classes against Triton's own specialization function (no GPU needed), and the
+interpreter path. On a GPU: outputs and gradients with the fast path equal, bit for bit, those with
+it off, a repeated call skips the binder, and an argument in another class compiles its own kernel.
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
+
+from minillm.kernels import launch  # noqa: E402
+from minillm.kernels.flash_attention import flash_attention  # noqa: E402
+from minillm.kernels.softmax import softmax  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton_classes(values):
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    return [native_specialize_impl(backend, a, False, True, True) for a in values]
+
+
+def _arguments():
+    buf = torch.empty(64)
+    ints = [0, 1, 2, 3, 15, 16, 17, 32, 48, 1024, 1023, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
+            -2**31, -2**31 - 1, 2**62, 2**63, 2**63 + 16, 2**64 - 1]
+    tensors = [buf, buf[1:], buf[4:], buf[3:], buf.to(torch.float16), buf.to(torch.float16)[8:],
+               buf.to(torch.float16)[1:], buf.to(torch.bfloat16), buf.to(torch.int32), buf.to(torch.int64)[1:]]
+    return ints + tensors + [0.5, 1.0, 3.0, True, False, None]
+
+
+def test_arg_classes_partition_like_triton():
+    """Two arguments share a class exactly when Triton specializes them alike (checked on every pair)."""
+    values = _arguments()
+    ours = [launch._arg_class(a) for a in values]
+    theirs = _triton_classes(values)
+    for (i, a), (j, b) in itertools.combinations(enumerate(values), 2):
+        assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (repr(a)[:40], repr(b)[:40], theirs[i], theirs[j])
+
+
+def test_arg_class_rejects_unknown_types():
+    with pytest.raises(TypeError, match="no fast launch"):
+        launch._arg_class(np.int64(3))
+
+
+def test_hooks_off_by_default_and_on_with_a_hook():
+    """The fast path is taken only without launch hooks: Triton's default (empty chains) counts as none."""
+    from triton import knobs
+
+    assert launch.hooks_off()
+    hook = knobs.runtime.launch_enter_hook
+
+    def noop(_):
+        return None
+    if hasattr(hook, "add"):
+        hook.add(noop)
+        try:
+            assert not launch.hooks_off()
+        finally:
+            hook.remove(noop)
+        assert launch.hooks_off()
+
+
+def test_fast_launch_interpreter_goes_through_jit():
+    if DEVICE == "cuda":
+        pytest.skip("the interpreter path")
+    before = dict(launch.stats)
+    x = torch.randn(3, 40)
+    np.testing.assert_allclose(softmax(x).numpy(), torch.softmax(x, -1).numpy(), atol=1e-6)
+    assert launch.stats["slow"] == before["slow"] + 1 and launch.stats["fast"] == before["fast"]
+    assert not launch._SUPPORTED
+
+
+def _training(q, k, v, do, causal):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = flash_attention(q, k, v, causal=causal)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,n", [(64, 256), (128, 384)])
+def test_fast_launch_matches_jit_training_gpu(monkeypatch, d, n, causal):
+    g = torch.Generator(device="cuda").manual_seed(d + n)
+    q, k, v, do = (torch.randn(2, 4, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    monkeypatch.setattr(launch, "FAST_LAUNCH", False)
+    slow = _training(q, k, v, do, causal)
+    monkeypatch.setattr(launch, "FAST_LAUNCH", True)
+    _training(q, k, v, do, causal)  # fills the entries
+    before = dict(launch.stats)
+    fast = _training(q, k, v, do, causal)
+    assert launch.stats["fast"] >= before["fast"] + 3 and launch.stats["slow"] == before["slow"]
+    for a, b in zip(slow, fast):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_fast_launch_new_class_compiles_its_own_gpu():
+    """A misaligned pointer (a view one element in) is another class: it launches through the JIT first."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    buf = torch.randn(3 * 2 * 4 * 100 * 64 + 1, device="cuda", dtype=torch.float16, generator=g)
+    aligned = buf[:-1].view(3, 2, 4, 100, 64)
+    shifted = buf[1:].view(3, 2, 4, 100, 64)
+    assert shifted.data_ptr() % 16 != 0
+    for q, k, v in (aligned, shifted):
+        flash_attention(q, k, v)  # fills the entry of each class
+    before = dict(launch.stats)
+    outs = [flash_attention(q, k, v) for q, k, v in (aligned, shifted)]
+    assert launch.stats["fast"] == before["fast"] + 2 and launch.stats["slow"] == before["slow"]
+    for (q, k, v), o in zip((aligned, shifted), outs):
+        want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) / 8, -1) @ v.float()
+        torch.testing.assert_close(o.float(), want, atol=2e-3, rtol=0)
+
+
+@pytest.mark.gpu
+def test_fast_launch_paged_decode_matches_jit_gpu(monkeypatch):
+    from minillm.kernels.paged_attention import paged_attention
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    B, Hq, Hkv, D, bs, blocks = 3, 8, 2, 64, 16, 40
+    q = torch.randn(B, Hq, D, device="cuda", dtype=torch.float16, generator=g)
+    kc, vc = (torch.randn(blocks, bs, Hkv, D, device="cuda", dtype=torch.float16, generator=g) for _ in range(2))
+    table = torch.randperm(blocks, device="cuda", generator=g)[: B * 12].view(B, 12).to(torch.int32)
+    lens = torch.tensor([5, 100, 190], device="cuda", dtype=torch.int32)
+    monkeypatch.setattr(launch, "FAST_LAUNCH", False)
+    slow = paged_attention(q, kc, vc, table, lens)
+    monkeypatch.setattr(launch, "FAST_LAUNCH", True)
+    paged_attention(q, kc, vc, table, lens)
+    before = launch.stats["fast"]
+    assert torch.equal(paged_attention(q, kc, vc, table, lens), slow) and launch.stats["fast"] > before
