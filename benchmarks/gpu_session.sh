@@ -312,6 +312,16 @@ kernels6-c)  # issue 12: kernels6-b again with the fast path actually taken (Tri
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_paged_attention.py \
     tests/test_kernels_flash_attention.py -k "launch or ticket_counters or impls_match_reference or tile_shapes_split" \
     | run_shards kernel_tests_kernels6c 8 250 ;;
+kernels6-d)  # issue 12: host-side cdiv, the lse non-differentiable (no zero gradient per step), the fast path taken:
+  # the launch tests, then the N=1K fwd+bwd column, then the host breakdown again (~6 min)
+  timeout -s INT 70 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_launch.py > "$OUT/kernel_tests_kernels6d.txt" 2>&1
+  tail -3 "$OUT/kernel_tests_kernels6d.txt"
+  timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm sdpa_flash sdpa_cudnn --sweep --graphs \
+    --out "$OUT/flash_attention_n1k_fast_h200.json" > "$OUT/flash_attention_n1k_fast_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_fast_h200.txt"
+  timeout 100 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_fast_h200.json" \
+    > "$OUT/host_breakdown_fast_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_fast_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

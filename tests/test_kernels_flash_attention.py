@@ -272,6 +272,15 @@ def test_flash_attention_gradients_match_reference(nq, nk, causal, hq, hkv):
         np.testing.assert_allclose(got.double().cpu().numpy(), w, atol=5e-5)
 
 
+def test_flash_attention_lse_is_not_differentiable():
+    """The backward has no term for the lse: it comes back as a constant, and a loss of it alone has no grad."""
+    q, k, v = (t.requires_grad_() for t in make(1, 2, 1, 9, 9, 16, torch.float32, seed=4))
+    o, lse = flash_attention(q, k, v, return_lse=True)
+    assert o.requires_grad and not lse.requires_grad
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        lse.sum().backward()
+
+
 BWD_CASES = [  # (b, hq, hkv, nq, nk, d, causal): GQA ratios, Nq != Nk both ways, D not a power of two
     (1, 4, 2, 37, 37, 64, True), (1, 2, 1, 21, 40, 80, True), (1, 4, 1, 50, 19, 128, False),
     (1, 4, 1, 30, 19, 128, True), (2, 3, 3, 17, 17, 64, False), (1, 2, 1, 20, 20, 256, True)]

@@ -69,6 +69,15 @@ def test_hooks_off_by_default_and_on_with_a_hook():
         assert launch.hooks_off()
 
 
+def test_host_cdiv_and_next_power_of_2_match_triton():
+    import triton
+
+    for a in range(1, 300):
+        assert launch.next_power_of_2(a) == triton.next_power_of_2(a)
+        for b in (1, 3, 16, 64, 128):
+            assert launch.cdiv(a, b) == triton.cdiv(a, b)
+
+
 def test_fast_launch_interpreter_goes_through_jit():
     if DEVICE == "cuda":
         pytest.skip("the interpreter path")

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..attention import check_attention_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .launch import fast_launch
+from .launch import cdiv, fast_launch, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -441,13 +441,13 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         lse_store = WS_LSE_STORE if impl in ws_off and Nq % 4 == 0 else 0
     if need_lse and lse_store != 2 and impl in ws_off:  # a pointer store is dropped (see WS_LSE_STORE)
         impl = ws_off[impl]
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
     global last_forward_kernel, last_forward_impl
 
     def launch(impl, cfg):
         bm, bn, warps, stages = cfg
-        n_m = triton.cdiv(Nq, bm)
+        n_m = cdiv(Nq, bm)
         common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
         if impl == "v1":
@@ -606,11 +606,11 @@ def _backward_v1(q, k, v, o, lse, do, causal: bool, scale: float):
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     bm, bn = (16, 16) if INTERPRETED else (64, 64) if D <= 128 else (32, 32)
     ieee = q.dtype == torch.float32
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    fast_launch(_bwd_preprocess, (triton.cdiv(Nq, bm), B * Hq), o, do, delta, Nq, Hq, *o.stride()[:3],
+    fast_launch(_bwd_preprocess, (cdiv(Nq, bm), B * Hq), o, do, delta, Nq, Hq, *o.stride()[:3],
                 *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm)
     dq = torch.empty_like(q)
     # dK/dV per query head (GQA sums them into the shared K/V head below)
@@ -619,10 +619,10 @@ def _backward_v1(q, k, v, o, lse, do, causal: bool, scale: float):
     common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, IEEE=ieee,
                   num_warps=1 if INTERPRETED else 4)
     fast_launch(
-        _bwd_dkdv_kernel, (triton.cdiv(Nk, bn), B * Hq), q, k, v, do, lse, delta, dk_h, dv_h, scale, Nq, Nk, Hq, group,
+        _bwd_dkdv_kernel, (cdiv(Nk, bn), B * Hq), q, k, v, do, lse, delta, dk_h, dv_h, scale, Nq, Nk, Hq, group,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk_h.stride()[:3], **common)
     fast_launch(
-        _bwd_dq_kernel, (triton.cdiv(Nq, bm), B * Hq), q, k, v, do, lse, delta, dq, scale, Nq, Nk, Hq, group,
+        _bwd_dq_kernel, (cdiv(Nq, bm), B * Hq), q, k, v, do, lse, delta, dq, scale, Nq, Nk, Hq, group,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], **common)
     if group > 1:
         dk = dk_h.view(B, Hkv, group, Nk, D).sum(2).to(k.dtype)
@@ -982,11 +982,11 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
     tma = tma and _tma_ok(q, k, v, do)
     if tma and not INTERPRETED:
         _ensure_allocator()
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     pre_m = 16 if INTERPRETED else 64
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
-    fast_launch(_bwd_preprocess_v2, (triton.cdiv(Nq, pre_m), B * Hq), o, do, lse, delta, lse2, Nq, Hq,
+    fast_launch(_bwd_preprocess_v2, (cdiv(Nq, pre_m), B * Hq), o, do, lse, delta, lse2, Nq, Hq,
                 *o.stride()[:3], *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     # v5 adds dQ into float32 by atomics; a TMA reduction that fails to compile falls back to pointer atomics
@@ -995,7 +995,7 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
 
     def launch(cfg):
         m1, n1, m2, n2, warps, stages = cfg[:6]
-        n_kv, n_q = triton.cdiv(Nk, n1), triton.cdiv(Nq, m2)
+        n_kv, n_q = cdiv(Nk, n1), cdiv(Nq, m2)
         args = (q, k, v, do, lse2, delta, dq, dk, dv, scale, scale * LOG2E, Nq, Nk, Hq, Hkv, group, n_kv, n_q,
                 *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
                 *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3])
@@ -1068,10 +1068,17 @@ class _FlashAttention(torch.autograd.Function):
         o, lse = _forward(q, k, v, causal, scale, impl=fwd_impl)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.bwd_impl = causal, scale, bwd_impl
+        # backward has no term for a gradient of the lse: marked non-differentiable, it comes back with
+        # requires_grad=False (a constant to autograd, as the indices of torch.max are), and no zero
+        # gradient is materialized for it on every step
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
+        if do is None:  # (defensive: with the lse non-differentiable, autograd calls this only with a grad of o)
+            return None, None, None, None, None, None, None
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.bwd_impl)
         return dq, dk, dv, None, None, None, None
@@ -1086,6 +1093,9 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     version computes the same function; the old ones stay so that the benchmarks can compare them
     in one process (chapter 6 lists what each one bought). The TMA versions need 16-byte aligned
     rows and run the pointer version otherwise.
+
+    With ``return_lse`` the log-sum-exp comes back non-differentiable (``requires_grad=False``): the
+    backward has no term for it, so autograd treats it as a constant.
 
     bfloat16 in Triton's interpreter (no CUDA) is upcast to float32 for the computation and the
     result cast back to bfloat16, because the interpreter computes bf16 ``tl.dot`` wrongly

@@ -96,6 +96,17 @@ def fast_launch(kernel, grid: tuple, *args, **constexprs):
     return compiled
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the host. ``triton.cdiv`` does the same, but in Triton 3.6 it is a ConstexprFunction,
+    and each call from Python goes through Triton's JIT wrapper (microseconds, several per attention call)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1), for the host; see ``cdiv``."""
+    return 1 << (n - 1).bit_length()
+
+
 def clear() -> None:
     """Forget every remembered kernel (Triton's own cache keeps them compiled)."""
     _entries.clear()

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .launch import fast_launch
+from .launch import cdiv, fast_launch, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
@@ -251,9 +251,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     merge = DEFAULT_MERGE if merge is None else merge
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-    split_len = triton.cdiv(triton.cdiv(max_len, splits), tile) * tile
-    splits = triton.cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
-    block_d = max(16, triton.next_power_of_2(D))
+    split_len = cdiv(cdiv(max_len, splits), tile) * tile
+    splits = cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
+    block_d = max(16, next_power_of_2(D))
     table_warps, table_stages = decode_config(B, Hkv, max_len)
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
     stages = num_stages if num_stages is not None else table_stages
@@ -261,7 +261,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         launch["num_stages"] = stages
     direct = splits == 1  # nothing to merge: the one program writes the output
     ticket = merge == "ticket" and not direct
-    splits_pad = max(2, triton.next_power_of_2(splits))
+    splits_pad = max(2, next_power_of_2(splits))
     out = torch.empty((B, Hq, D), device=q.device, dtype=out_dtype)
     if direct:  # no partials to keep (the kernel never touches them)
         m = l = o = out
@@ -277,7 +277,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, tickets, scale * 1.4426950408889634, split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
-        HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, triton.next_power_of_2(group)), TILE=tile,
+        HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket, **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch

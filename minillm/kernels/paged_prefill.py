@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .launch import fast_launch
+from .launch import cdiv, fast_launch, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -183,7 +183,7 @@ def _blocks(D: int, group: int, dtype, tokens_per_seq: float, interpreted: bool 
         bm, bn, warps, stages = (128, 128, 8, 3) if tokens_per_seq >= 64 else (64, 64, 4, 2)
     else:
         bm, bn, warps, stages = 64, 32, 8, 1
-    return max(bm, triton.next_power_of_2(group)), bn, warps, stages
+    return max(bm, next_power_of_2(group)), bn, warps, stages
 
 
 def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale: float | None = None,
@@ -231,13 +231,13 @@ def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
         raise ValueError(f"BLOCK_M and BLOCK_N must be powers of two >= 16, BLOCK_M >= the group of {group} "
                          f"query heads; got {bm}, {bn}")
     tokens = bm // group  # new tokens per program
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     q = q if q.stride(-1) == 1 else q.contiguous()
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty((T, Hq, D), device=q.device, dtype=out_dtype)
-    grid = (triton.cdiv(max_seqlen_q, tokens), S, Hkv)
+    grid = (cdiv(max_seqlen_q, tokens), S, Hkv)
     fast_launch(
         _varlen_kernel, grid, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale * LOG2E, T,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
