@@ -5,12 +5,15 @@ interpreter path. On a GPU: outputs and gradients with the fast path equal, bit 
 it off, a repeated call skips the binder, and an argument in another class compiles its own kernel.
 """
 import itertools
+import types
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
+
+import triton.language as tl  # noqa: E402
 
 from minillm.kernels import launch  # noqa: E402
 from minillm.kernels.flash_attention import flash_attention  # noqa: E402
@@ -76,6 +79,31 @@ def test_host_cdiv_and_next_power_of_2_match_triton():
         assert launch.next_power_of_2(a) == triton.next_power_of_2(a)
         for b in (1, 3, 16, 64, 128):
             assert launch.cdiv(a, b) == triton.cdiv(a, b)
+
+
+def _toy_kernel(X, Y, n, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = False, MODE: tl.constexpr = 2):
+    pass
+
+
+def test_entry_tail_in_signature_order_with_defaults():
+    """A later call passes the positional arguments, then every remaining parameter in signature order:
+    the constexprs given by name and the defaults of those not given (options such as num_warps are not
+    parameters and are left out)."""
+    from triton.runtime.jit import JITFunction
+
+    kernel = JITFunction(_toy_kernel)
+    compiled = types.SimpleNamespace(run="run", function="fn", packed_metadata="meta")
+    entry = launch._entry(kernel, compiled, 4, {"MODE": 3, "BLOCK": 64, "num_warps": 4})
+    assert entry[:4] == ("run", "fn", "meta", (64, False, 3))
+
+
+def test_entry_positional_constexpr_keeps_the_jit():
+    """BLOCK passed positionally would be classed by its type alone: such calls never take the fast path."""
+    from triton.runtime.jit import JITFunction
+
+    kernel = JITFunction(_toy_kernel)
+    compiled = types.SimpleNamespace(run="run", function="fn", packed_metadata="meta")
+    assert launch._entry(kernel, compiled, 5, {}) is launch._JIT_ONLY
 
 
 def test_fast_launch_interpreter_goes_through_jit():

@@ -63,6 +63,21 @@ def arg_classes(args) -> tuple:
     return tuple([_arg_class(a) for a in args])
 
 
+_JIT_ONLY = object()  # the entry of a class that always goes through kernel[grid]
+
+
+def _entry(kernel, compiled, n_args: int, constexprs: dict):
+    """What a later call of the class needs: the launcher and the kernel's remaining parameters' values.
+    A constexpr parameter passed positionally would be classed by its type alone (True and False, say,
+    in one class), so a kernel called that way keeps going through the JIT."""
+    if any(i < n_args for i in kernel.constexprs):
+        return _JIT_ONLY
+    names = kernel.arg_names[n_args:]  # the kernel's remaining parameters, in signature order
+    defaults = {p.name: p.default for p in kernel.params if p.has_default}
+    tail = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
+    return compiled.run, compiled.function, compiled.packed_metadata, tail, compiled
+
+
 def fast_launch(kernel, grid: tuple, *args, **constexprs):
     """``kernel[grid](*args, **constexprs)``; returns the compiled kernel, as that does.
 
@@ -70,23 +85,22 @@ def fast_launch(kernel, grid: tuple, *args, **constexprs):
     (constexpr parameters and the options num_warps / num_stages). Repeated calls whose arguments
     fall in one specialization class launch the kernel compiled for the first without Triton's
     binder."""
-    if not (FAST_LAUNCH and _SUPPORTED and hooks_off()):
+    if not (FAST_LAUNCH and _SUPPORTED and hooks_off()) or callable(grid):
         stats["slow"] += 1
         return kernel[grid](*args, **constexprs)
     device = driver.active.get_current_device()
-    try:
-        key = (kernel, device, arg_classes(args), tuple(constexprs.items()))
+    try:  # the compile options Triton reads from its knobs on every call belong to the class too
+        key = (kernel, device, arg_classes(args), tuple(constexprs.items()), knobs.runtime.debug,
+               knobs.compilation.instrumentation_mode)
         entry = _entries.get(key)
     except TypeError:  # an argument type the classes do not cover, or an unhashable constexpr
         stats["slow"] += 1
         return kernel[grid](*args, **constexprs)
-    if entry is None:
+    if entry is None or entry is _JIT_ONLY:
         stats["slow"] += 1
         compiled = kernel[grid](*args, **constexprs)
-        names = kernel.arg_names[len(args):]  # the kernel's remaining parameters, in signature order
-        defaults = {p.name: p.default for p in kernel.params if p.has_default}
-        tail = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
-        _entries[key] = (compiled.run, compiled.function, compiled.packed_metadata, tail, compiled)
+        if entry is None:
+            _entries[key] = _entry(kernel, compiled, len(args), constexprs)
         return compiled
     run, function, metadata, tail, compiled = entry
     g = (*grid, 1, 1)
