@@ -20,6 +20,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels5-c")     # v2 up to 1K queries, every D
 #                run(command="bash benchmarks/gpu_session.sh kernels5-d")     # the descriptor LSE store, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh kernels6")       # the fast launch path, N=1K again
+#                run(command="bash benchmarks/gpu_session.sh kernels7")       # every compiled test, fast path on
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -322,6 +323,16 @@ kernels6-d)  # issue 12: host-side cdiv, the lse non-differentiable (no zero gra
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_fast_h200.txt"
   timeout 100 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_fast_h200.json" \
     > "$OUT/host_breakdown_fast_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_fast_h200.txt" ;;
+kernels7)  # next session, first: every compiled test with the fast launch path active (this session ran only the
+  # launch tests, the ticket counters and part of the heavy parametrizations with it; the rest ran before the
+  # hooks fix, through the binder), then the heavy ones (~9 min)
+  HEAVY="impls_match_reference or tile_shapes_split"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py \
+    tests/test_paged_cache.py tests/test_torch_model.py tests/test_serving_torch_runner.py -k "not ($HEAVY)" \
+    | run_shards kernel_tests_kernels7 8 240
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
+    | run_shards kernel_tests_kernels7_heavy 8 280 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
