@@ -30,6 +30,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
 PROVIDERS="minillm sdpa_flash sdpa_cudnn sdpa_efficient"
+# the compiled kernel tests, and the -k expression of their heavy parametrizations (one compile each)
+KERNEL_TESTS="tests/test_kernels_launch.py tests/test_kernels_flash_attention.py tests/test_kernels_paged_attention.py
+  tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py tests/test_paged_cache.py tests/test_torch_model.py
+  tests/test_serving_torch_runner.py"
+HEAVY="impls_match_reference or tile_shapes_split"
 
 # run_shards NAME N TIMEOUT < ids: the test ids on stdin in N parallel pytest processes (the compiled tests mostly
 # wait on Triton compiles, which are CPU-bound), each under TIMEOUT seconds (then interrupted: pytest still prints
@@ -287,9 +292,7 @@ kernels5-d)  # issue 12: the descriptor LSE store as the default (tests), then t
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_lse2_h200.txt" ;;
 kernels6)  # issue 12: the fast launch path (minillm/kernels/launch.py); every compiled kernel test, then the N=1K
   # training step with and without it beside FA2 (~8 min)
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
-    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py \
-    tests/test_paged_cache.py tests/test_torch_model.py tests/test_serving_torch_runner.py | run_shards kernel_tests_kernels6 8 200
+  python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS | run_shards kernel_tests_kernels6 8 200
   timeout 120 python3 benchmarks/profile_attention_step.py --providers minillm minillm_jit sdpa_flash \
     --out "$OUT/attention_step_launch_h200.json" > "$OUT/attention_step_launch_h200.txt" 2>&1
   echo "profile rc=$?"; grep -E "^D=|host issue" "$OUT/attention_step_launch_h200.txt"
@@ -300,10 +303,7 @@ kernels6)  # issue 12: the fast launch path (minillm/kernels/launch.py); every c
 kernels6-b)  # issue 12: the host cost part by part; the compiled kernel tests, the heavy parametrizations last
   timeout 150 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_h200.json" \
     > "$OUT/host_breakdown_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_h200.txt"
-  HEAVY="impls_match_reference or tile_shapes_split"
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
-    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py \
-    tests/test_paged_cache.py tests/test_torch_model.py tests/test_serving_torch_runner.py -k "not ($HEAVY)" \
+    python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS -k "not ($HEAVY)" \
     | run_shards kernel_tests_kernels6 8 200
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
     | run_shards kernel_tests_kernels6_heavy 8 190 ;;
@@ -326,10 +326,7 @@ kernels6-d)  # issue 12: host-side cdiv, the lse non-differentiable (no zero gra
 kernels7)  # next session, first: every compiled test with the fast launch path active (this session ran only the
   # launch tests, the ticket counters and part of the heavy parametrizations with it; the rest ran before the
   # hooks fix, through the binder), then the heavy ones (~9 min)
-  HEAVY="impls_match_reference or tile_shapes_split"
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
-    tests/test_kernels_paged_attention.py tests/test_kernels_paged_prefill.py tests/test_kernels_softmax.py \
-    tests/test_paged_cache.py tests/test_torch_model.py tests/test_serving_torch_runner.py -k "not ($HEAVY)" \
+    python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS -k "not ($HEAVY)" \
     | run_shards kernel_tests_kernels7 8 240
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
     | run_shards kernel_tests_kernels7_heavy 8 280 ;;
