@@ -14,8 +14,8 @@ same way beside it.
 Three more times per row separate the host from the GPU: ``issue_us_per_step``, how long the host takes to
 issue one step (calls back to back, clock stopped before the final synchronize); ``eager_us_per_step``, the
 same with the synchronize (what an eager training loop sees: the larger of host and GPU time); and
-``graph_us_per_step``, the step replayed from a CUDA graph (GPU time alone). With ``--host-profile``,
-minillm's rows also carry cProfile's top host functions by cumulative time.
+``graph_us_per_step``, the step replayed from a CUDA graph (GPU time alone; do_bench_cudagraph's median).
+With ``--host-profile``, minillm's rows also carry cProfile's top host functions by cumulative time.
 """
 from __future__ import annotations
 
@@ -137,16 +137,19 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("profile_attention_step.py needs a CUDA GPU")
     rows = []
-    meta = run_meta(dtype="bfloat16", batch=4, heads=32, calls=args.calls)
+    meta = run_meta(dtype="bfloat16", batch=4, heads=32, calls=args.calls,
+                    graph_timing="triton.testing.do_bench_cudagraph, median "
+                                 "(runs before 2026-12-03's kernels6: the mean of 200 replays)")
     for point in args.points:
         parts = point.split(":")
         d, n, causal = int(parts[0]), int(parts[1]), parts[2:] == ["causal"]
         for provider in args.providers:
-            row = profile_point(provider, d, n, causal, args.calls, args.host_profile and provider.startswith("minillm"))
+            mine = provider.startswith("minillm")
+            row = profile_point(provider, d, n, causal, args.calls, args.host_profile and mine)
             rows.append(row)
             print(f"D={d} N={n} causal={causal} {provider}: wall {row['wall_us_per_step']:.0f} us, kernels "
                   f"{row['device_us_per_step']:.0f} us" + (f" (fwd {row['fwd_impl']}, bwd {row['bwd_path']} "
-                                                            f"{row['bwd_config']})" if provider.startswith("minillm") else ""))
+                                                            f"{row['bwd_config']})" if mine else ""))
             print(f"    host issue {row['issue_us_per_step']:.0f} us, eager {row['eager_us_per_step']:.0f} us, "
                   f"CUDA graph {row['graph_us_per_step'] or float('nan'):.0f} us {row.get('graph_error', '')}")
             for r in row["kernels"][:6]:

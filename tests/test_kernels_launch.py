@@ -34,7 +34,7 @@ def _triton_classes(values):
 def _arguments():
     buf = torch.empty(64)
     ints = [0, 1, 2, 3, 15, 16, 17, 32, 48, 1024, 1023, -1, -16, -17, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
-            -2**31, -2**31 - 1, 2**62, 2**63, 2**63 + 16, 2**64 - 1]
+            -2**31, -2**31 - 1, 2**62, 2**63, 2**63 + 16, 2**64 - 1, -2**63]
     tensors = [buf, buf[1:], buf[4:], buf[3:], buf.to(torch.float16), buf.to(torch.float16)[8:],
                buf.to(torch.float16)[1:], buf.to(torch.bfloat16), buf.to(torch.int32), buf.to(torch.int64)[1:]]
     return ints + tensors + [0.5, 1.0, 3.0, True, False, None]
@@ -97,6 +97,21 @@ def test_entry_tail_in_signature_order_with_defaults():
     assert entry[:4] == ("run", "fn", "meta", (64, False, 3))
 
 
+def test_entry_runtime_keyword_keeps_the_jit():
+    """n passed by keyword (a runtime parameter) would be keyed by its value: the JIT path for such calls."""
+    from triton.runtime.jit import JITFunction
+
+    compiled = types.SimpleNamespace(run="run", function="fn", packed_metadata="meta")
+    assert launch._entry(JITFunction(_toy_kernel), compiled, 2, {"n": 3, "scale": 1.0, "BLOCK": 16}) \
+        is launch._JIT_ONLY
+
+
+def test_arg_class_rejects_integers_past_64_bits():
+    for a in (2**64, -2**63 - 1):
+        with pytest.raises(TypeError, match="64 bits"):
+            launch._arg_class(a)
+
+
 def test_entry_positional_constexpr_keeps_the_jit():
     """BLOCK passed positionally would be classed by its type alone: such calls never take the fast path."""
     from triton.runtime.jit import JITFunction
@@ -147,8 +162,10 @@ def test_fast_launch_new_class_compiles_its_own_gpu():
     aligned = buf[:-1].view(3, 2, 4, 100, 64)
     shifted = buf[1:].view(3, 2, 4, 100, 64)
     assert shifted.data_ptr() % 16 != 0
-    for q, k, v in (aligned, shifted):
-        flash_attention(q, k, v)  # fills the entry of each class
+    for q, k, v in (aligned, shifted):  # fills the entry of each class: each through the JIT once
+        before = dict(launch.stats), len(launch._entries)
+        flash_attention(q, k, v)
+        assert launch.stats["slow"] == before[0]["slow"] + 1 and len(launch._entries) == before[1] + 1
     before = dict(launch.stats)
     outs = [flash_attention(q, k, v) for q, k, v in (aligned, shifted)]
     assert launch.stats["fast"] == before["fast"] + 2 and launch.stats["slow"] == before["slow"]
@@ -173,3 +190,20 @@ def test_fast_launch_paged_decode_matches_jit_gpu(monkeypatch):
     paged_attention(q, kc, vc, table, lens)
     before = launch.stats["fast"]
     assert torch.equal(paged_attention(q, kc, vc, table, lens), slow) and launch.stats["fast"] > before
+
+
+def test_every_kernel_takes_runtime_parameters_then_constexprs():
+    """The layout the fast path needs (positional runtime arguments, constexprs by name after them)."""
+    from triton.runtime.jit import JITFunction
+
+    from minillm.kernels import flash_attention, paged_attention, paged_prefill, softmax
+
+    kernels = [getattr(m, n) for m in (flash_attention, paged_attention, paged_prefill, softmax) for n in dir(m)
+               if type(getattr(m, n)).__name__ in ("InterpretedFunction", "JITFunction")
+               and (n.endswith("kernel") or n.endswith("_tma") or n.startswith("_bwd_pre") or "_v2" in n)]
+    launched = {k.__name__ if hasattr(k, "__name__") else k.fn.__name__ for k in kernels}
+    assert {"_fwd_kernel", "_fwd_kernel_tma", "_bwd_kernel_v2", "_paged_decode_kernel", "_varlen_kernel",
+            "_online_softmax_kernel"} <= launched
+    for k in kernels:
+        flags = [p.is_constexpr for p in JITFunction(k.fn).params]
+        assert flags == sorted(flags), k.fn.__name__

@@ -21,20 +21,26 @@ The fast path is off in the interpreter, for Triton versions it was not checked 
 (``CHECKED_TRITON``), and while a launch hook is installed (profilers such as proton install them; ``hooks_off``);
 ``FAST_LAUNCH = False`` turns it off (the benchmarks flip it to measure what it saves). What it
 skips besides the binder: Triton's check that global variables a kernel reads have not changed
-since it was compiled (the kernels here read none that change).
+since it was compiled (the kernels here read none that change); kernels with pre-run hooks, autotuners
+and heuristics wrappers always take the JIT path.
 """
 from __future__ import annotations
 
 import torch
 import triton
-from triton import knobs
 from triton.runtime import driver
+from triton.runtime.jit import JITFunction
 
 from . import INTERPRETED
 
+try:  # (Triton before 3.4 has no knobs module: the fast path is then off)
+    from triton import knobs
+except ImportError:  # pragma: no cover
+    knobs = None
+
 FAST_LAUNCH = True
 CHECKED_TRITON = ("3.6.",)  # the versions whose specialization rules _arg_class mirrors (checked by a test)
-_SUPPORTED = INTERPRETED is False and triton.__version__.startswith(CHECKED_TRITON)
+_SUPPORTED = INTERPRETED is False and knobs is not None and triton.__version__.startswith(CHECKED_TRITON)
 _I32 = (-2**31, 2**31)
 _entries: dict = {}  # (kernel, device, argument classes, constexpr items) -> (launcher, function, metadata, tail)
 stats = {"fast": 0, "slow": 0}  # launches that skipped the binder, and those that went through it
@@ -44,6 +50,8 @@ def _arg_class(a):
     """What Triton's specialization sees of one argument (see the module docstring)."""
     t = type(a)
     if t is int:
+        if not -2**63 <= a < 2**64:  # Triton rejects these; the launcher would wrap them
+            raise TypeError(f"integer argument {a} does not fit 64 bits")
         return (a == 1, a % 16 == 0, _I32[0] <= a < _I32[1], a >= 2**63)
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)
@@ -55,6 +63,8 @@ def _arg_class(a):
 def hooks_off() -> bool:
     """True when no launch hook is installed. Triton 3.6 keeps the hooks as (normally empty) chains, not
     None, and calls them on every launch through the JIT; the fast path calls none."""
+    if knobs is None:
+        return False
     return all(h is None or not getattr(h, "calls", True)
                for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
@@ -69,9 +79,14 @@ _JIT_ONLY = object()  # the entry of a class that always goes through kernel[gri
 def _entry(kernel, compiled, n_args: int, constexprs: dict):
     """What a later call of the class needs: the launcher and the kernel's remaining parameters' values.
     A constexpr parameter passed positionally would be classed by its type alone (True and False, say,
-    in one class), so a kernel called that way keeps going through the JIT."""
+    in one class), and a runtime parameter passed by keyword by its value, so a kernel called either way
+    keeps going through the JIT, as does anything but a plain JITFunction without pre-run hooks."""
+    if not isinstance(kernel, JITFunction) or kernel.pre_run_hooks or compiled is None:
+        return _JIT_ONLY  # (an autotuner or heuristics wrapper, hooks to run, a launch a cache hook skipped)
     if any(i < n_args for i in kernel.constexprs):
         return _JIT_ONLY
+    if any(not p.is_constexpr for p in kernel.params[n_args:]):
+        return _JIT_ONLY  # a runtime argument by keyword would be keyed by its value
     names = kernel.arg_names[n_args:]  # the kernel's remaining parameters, in signature order
     defaults = {p.name: p.default for p in kernel.params if p.has_default}
     tail = tuple(constexprs[n] if n in constexprs else defaults[n] for n in names)
