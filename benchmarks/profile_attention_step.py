@@ -56,13 +56,7 @@ def host_times(step, calls: int) -> dict:
     torch.cuda.synchronize()
     eager = time.perf_counter() - t
     out = {"issue_us_per_step": issue / calls * 1e6, "eager_us_per_step": eager / calls * 1e6}
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
+    try:  # (do_bench_cudagraph warms the step up on a side stream before it captures)
         out["graph_us_per_step"] = median_ms_cudagraph(step) * 1e3
     except Exception as e:  # noqa: BLE001  (recorded: a step that cannot be captured has no GPU-only time)
         out["graph_us_per_step"], out["graph_error"] = None, f"{type(e).__name__}: {e}"[:300]

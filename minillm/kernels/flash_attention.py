@@ -452,17 +452,15 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
         if impl == "v1":
             return fast_launch(_fwd_kernel, (n_m, B * Hq), q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq,
-                               Hq // k.shape[1], *args,
-                                              PAD_D=block_d != D, **common)
+                               Hq // k.shape[1], *args, PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
         persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
         return fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
-                           n_m, tiles,
-                                     *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
-                                     LSE_STORE=lse_store, **common)
+                           n_m, tiles, *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
+                           LSE_STORE=lse_store, **common)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
     key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop
@@ -1004,12 +1002,10 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
         if dq_atomic:
             rotate = bool(cfg[6]) if len(cfg) >= 7 else True
             return fast_launch(_bwd_kernel_v2, (n_kv, B * Hkv), *args, SIDE=1, DQ_ATOMIC=reduce, ROTATE=rotate,
-                               num_warps=warps,
-                                                   num_stages=stages, **common)
+                               num_warps=warps, num_stages=stages, **common)
         if not split:
             return fast_launch(_bwd_kernel_v2, (n_kv + n_q * group, B * Hkv), *args, SIDE=0, num_warps=warps,
-                               num_stages=stages,
-                                                                   **common)
+                               num_stages=stages, **common)
         warps2, stages2 = cfg[6:8] if len(cfg) >= 8 else (warps, stages)
         kern = fast_launch(_bwd_kernel_v2, (n_kv, B * Hkv), *args, SIDE=1, num_warps=warps, num_stages=stages, **common)
         fast_launch(_bwd_kernel_v2, (n_q * group, B * Hkv), *args, SIDE=2, num_warps=warps2, num_stages=stages2,
@@ -1077,8 +1073,6 @@ class _FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, _dlse):
-        if do is None:  # (defensive: with the lse non-differentiable, autograd calls this only with a grad of o)
-            return None, None, None, None, None, None, None
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, ctx.bwd_impl)
         return dq, dk, dv, None, None, None, None

@@ -42,7 +42,8 @@ FAST_LAUNCH = True
 CHECKED_TRITON = ("3.6.",)  # the versions whose specialization rules _arg_class mirrors (checked by a test)
 _SUPPORTED = INTERPRETED is False and knobs is not None and triton.__version__.startswith(CHECKED_TRITON)
 _I32 = (-2**31, 2**31)
-_entries: dict = {}  # (kernel, device, argument classes, constexpr items) -> (launcher, function, metadata, tail)
+_entries: dict = {}  # (kernel, device, argument classes, constexpr items, Triton's debug and instrumentation
+# knobs) -> (launcher, function, metadata, tail, compiled kernel), or _JIT_ONLY
 stats = {"fast": 0, "slow": 0}  # launches that skipped the binder, and those that went through it
 
 
