@@ -323,13 +323,15 @@ kernels6-d)  # issue 12: host-side cdiv, the lse non-differentiable (no zero gra
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_fast_h200.txt"
   timeout 100 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_fast_h200.json" \
     > "$OUT/host_breakdown_fast_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_fast_h200.txt" ;;
-kernels7)  # next session, first: every compiled test with the fast launch path active (this session ran only the
-  # launch tests, the ticket counters and part of the heavy parametrizations with it; the rest ran before the
-  # hooks fix, through the binder), then the heavy ones (~9 min)
-    python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS -k "not ($HEAVY)" \
-    | run_shards kernel_tests_kernels7 8 240
+kernels7)  # the autograd hand-off probe (where the eager N=1K step's host time goes), then every compiled test
+  # with the fast launch path active (last session ran only the launch tests, the ticket counters and part of the
+  # heavy parametrizations with it; the rest ran before the hooks fix, through the binder), then the heavy ones
+  timeout 100 python3 benchmarks/autograd_handoff.py --out "$OUT/autograd_handoff_h200.json" \
+    > "$OUT/autograd_handoff_h200.txt" 2>&1; echo "handoff rc=$?"; grep -E "^D=" "$OUT/autograd_handoff_h200.txt"
+  python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS -k "not ($HEAVY)" \
+    | run_shards kernel_tests_kernels7 14 220
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
-    | run_shards kernel_tests_kernels7_heavy 8 280 ;;
+    | run_shards kernel_tests_kernels7_heavy 14 230 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

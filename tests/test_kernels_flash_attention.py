@@ -14,6 +14,16 @@ from minillm.attention import flash_attention_backward, standard_attention  # no
 from minillm.kernels.flash_attention import BWD_IMPLS, FWD_IMPLS, flash_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    """Plans cache the host's decisions per call key: a test that patches a decision must see it made."""
+    from minillm.kernels.flash_attention import clear_plans
+
+    clear_plans()
+    yield
+    clear_plans()
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
 
 
@@ -363,8 +373,9 @@ def test_backward_v5_falls_back_to_pointer_atomics_when_the_tma_reduction_fails_
                 return real[grid](*args, **kw)
             return launch
 
-    monkeypatch.setattr(fa, "INTERPRETED", False)  # as if compiled: the first launch asks for the TMA reduction
-    monkeypatch.setattr(fa, "_ensure_allocator", lambda: None)
+    if fa.INTERPRETED:  # as if compiled: the first launch asks for the TMA reduction (no CUDA allocator to set)
+        monkeypatch.setattr(fa, "INTERPRETED", False)
+        monkeypatch.setattr(fa, "_ensure_allocator", lambda: None)
     monkeypatch.setattr(fa, "_bwd_kernel_v2", ReductionDoesNotCompile())
     monkeypatch.setattr(fa, "_tma_reduce_failed", set())
     monkeypatch.setattr(fa, "_bwd_config_chosen", {})
@@ -578,3 +589,80 @@ def test_flash_attention_rejects_mismatched_devices():
     q, k, v = make(1, 2, 2, 4, 4, 16, torch.float32)
     with pytest.raises(ValueError, match="one device"):
         flash_attention(q, k.to("meta"), v)
+
+
+def test_remember_keeps_at_most_max_plans(monkeypatch):
+    from minillm.kernels import flash_attention as fa
+
+    monkeypatch.setattr(fa, "MAX_PLANS", 2)
+    for i in range(5):
+        fa._remember(("key", i), i)
+        assert len(fa._plans) <= 2 and fa._plans[("key", i)] == i
+
+
+def test_plans_are_off_in_the_interpreter():
+    if DEVICE == "cuda":
+        pytest.skip("the interpreter path")
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(1, 2, 2, 40, 40, 16, torch.float32)
+    for t in (q, k, v):
+        t.requires_grad_()
+    torch.autograd.grad(flash_attention(q, k, v, causal=True).sum(), (q, k, v))
+    assert fa._plans == {}
+
+
+def _step(q, k, v, do, causal):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o = flash_attention(q, k, v, causal=causal)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,n,causal,hkv", [(64, 1024, True, 4), (128, 1024, False, 4), (64, 1000, False, 2),
+                                            (128, 384, True, 2), (32, 96, False, 1)])
+def test_flash_attention_plan_replay_matches_the_first_call_gpu(monkeypatch, d, n, causal, hkv):
+    """The second training step of a shape replays the first one's plans (forward and backward); it gives
+    the same outputs and gradients, bit for bit, as the first and as the JIT with the fast path off."""
+    from minillm.kernels import flash_attention as fa
+    from minillm.kernels import launch
+
+    g = torch.Generator(device="cuda").manual_seed(d + n)
+    q, do = (torch.randn(2, 4, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(2, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    monkeypatch.setattr(launch, "FAST_LAUNCH", False)
+    jit = _step(q, k, v, do, causal)
+    assert fa._plans == {}
+    monkeypatch.setattr(launch, "FAST_LAUNCH", True)
+    first = _step(q, k, v, do, causal)
+    first_impl, first_path = fa.last_forward_impl, fa.last_backward_path
+    assert sorted(key[0] for key in fa._plans) == ["bwd", "fwd"]
+    before = launch.stats["bound"]
+    second = _step(q, k, v, do, causal)
+    assert launch.stats["bound"] >= before + 3  # forward, preprocess, backward
+    assert (fa.last_forward_impl, fa.last_backward_path) == (first_impl, first_path)
+    for a, b, c in zip(jit, first, second):
+        assert torch.equal(a, b) and torch.equal(b, c)
+
+
+@pytest.mark.gpu
+def test_flash_attention_plan_keys_separate_what_changes_the_decisions_gpu(monkeypatch):
+    """A misaligned input, or another WS_LSE_STORE, is another key: its first call decides again."""
+    from minillm.kernels import flash_attention as fa
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    buf = torch.randn(3, 2 * 4 * 1024 * 128 + 8, device="cuda", dtype=torch.bfloat16, generator=g)
+    aligned = [b[:-8].view(2, 4, 1024, 128).requires_grad_() for b in buf.clone()]
+    shifted = [b[1:-7].view(2, 4, 1024, 128).requires_grad_() for b in buf.clone()]
+
+    def impl_of(q, k, v):
+        out = [fa.flash_attention(q, k, v) for _ in range(2)]  # the second call replays the first's plan
+        assert torch.equal(out[0], out[1])
+        return fa.last_forward_impl
+
+    want_v5 = fa.fwd_plan(128, torch.bfloat16, False, 1024, 1024)[0]
+    assert impl_of(*aligned) == want_v5 == "v5"
+    assert impl_of(*shifted) == "v1"
+    monkeypatch.setattr(fa, "WS_LSE_STORE", 0)  # training then never runs v5 (its LSE store would be dropped)
+    assert impl_of(*aligned) == fa.fwd_plan(128, torch.bfloat16, False, 1024, 1024)[0] == "v1"
+    assert len([key for key in fa._plans if key[0] == "fwd"]) == 3

@@ -22,6 +22,11 @@ from minillm.kernels.softmax import softmax  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def skipped_binder() -> int:
+    """Launches that skipped Triton's binder: through fast_launch's table or through a Bound."""
+    return launch.stats["fast"] + launch.stats["bound"]
+
+
 def _triton_classes(values):
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import GPUTarget
@@ -147,9 +152,9 @@ def test_fast_launch_matches_jit_training_gpu(monkeypatch, d, n, causal):
     slow = _training(q, k, v, do, causal)
     monkeypatch.setattr(launch, "FAST_LAUNCH", True)
     _training(q, k, v, do, causal)  # fills the entries
-    before = dict(launch.stats)
+    before, slow_before = skipped_binder(), launch.stats["slow"]
     fast = _training(q, k, v, do, causal)
-    assert launch.stats["fast"] >= before["fast"] + 3 and launch.stats["slow"] == before["slow"]
+    assert skipped_binder() >= before + 3 and launch.stats["slow"] == slow_before
     for a, b in zip(slow, fast):
         assert torch.equal(a, b)
 
@@ -166,9 +171,9 @@ def test_fast_launch_new_class_compiles_its_own_gpu():
         before = dict(launch.stats), len(launch._entries)
         flash_attention(q, k, v)
         assert launch.stats["slow"] == before[0]["slow"] + 1 and len(launch._entries) == before[1] + 1
-    before = dict(launch.stats)
+    before, slow_before = skipped_binder(), launch.stats["slow"]
     outs = [flash_attention(q, k, v) for q, k, v in (aligned, shifted)]
-    assert launch.stats["fast"] == before["fast"] + 2 and launch.stats["slow"] == before["slow"]
+    assert skipped_binder() == before + 2 and launch.stats["slow"] == slow_before
     for (q, k, v), o in zip((aligned, shifted), outs):
         want = torch.softmax((q.float() @ k.float().transpose(-1, -2)) / 8, -1) @ v.float()
         torch.testing.assert_close(o.float(), want, atol=2e-3, rtol=0)
@@ -207,3 +212,58 @@ def test_every_kernel_takes_runtime_parameters_then_constexprs():
     for k in kernels:
         flags = [p.is_constexpr for p in JITFunction(k.fn).params]
         assert flags == sorted(flags), k.fn.__name__
+
+
+def test_bind_rejects_tensors_past_n_tensors():
+    from minillm.kernels.flash_attention import _bwd_preprocess_v2
+
+    t = torch.empty(4)
+    with pytest.raises(TypeError, match="tensors must come first"):
+        launch.bind(_bwd_preprocess_v2, (1, 1), 2, t, t, t, 4, 1)
+
+
+def _preprocess_inputs(g, n=200, d=64, offset=0):
+    """(O, dO, LSE) for the backward's preprocess kernel, O and dO ``offset`` elements into their buffers."""
+    o, do = (torch.randn(2 * 3 * n * d + offset, device="cuda", dtype=torch.float16, generator=g)[offset:]
+             .view(2, 3, n, d) for _ in range(2))
+    return o, do, torch.randn(2, 3, n, device="cuda", generator=g)
+
+
+def _preprocess(launcher, o, do, lse, *extra):
+    from minillm.kernels.flash_attention import _bwd_preprocess_v2
+
+    delta, lse2 = torch.empty_like(lse), torch.empty_like(lse)
+    B, H, N, D = o.shape
+    launcher(_bwd_preprocess_v2, (launch.cdiv(N, 64), B * H), *extra, o, do, lse, delta, lse2, N, H,
+             *o.stride()[:3], *do.stride()[:3], HEAD_DIM=D, BLOCK_D=D, BLOCK_M=64)
+    return delta, lse2
+
+
+@pytest.mark.gpu
+def test_bind_repeats_the_launch_with_new_tensors_gpu(monkeypatch):
+    """A Bound called with other tensors of the bound class launches what fast_launch would, bit for bit,
+    through the launcher alone; a misaligned tensor, or the fast path switched off, goes the long way."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+    first, second = _preprocess_inputs(g), _preprocess_inputs(g)
+    bound = []
+    _preprocess(lambda *a, **kw: bound.append(launch.bind(*a, **kw)), *first, 5)
+    b = bound[0]
+    want = _preprocess(launch.fast_launch, *second)
+    delta, lse2 = torch.empty_like(second[2]), torch.empty_like(second[2])
+    before = dict(launch.stats)
+    assert b(*second, delta, lse2) is b.compiled
+    assert launch.stats["bound"] == before["bound"] + 1 and launch.stats["slow"] == before["slow"]
+    assert torch.equal(delta, want[0]) and torch.equal(lse2, want[1])
+
+    o, do, lse = _preprocess_inputs(g, offset=1)  # O and dO one element in: another class
+    assert o.data_ptr() % 16 != 0
+    want = (o.float() * do.float()).sum(-1)
+    before = dict(launch.stats)
+    b(o, do, lse, delta, lse2)
+    assert launch.stats["bound"] == before["bound"]
+    torch.testing.assert_close(delta, want, atol=1e-3, rtol=1e-3)
+
+    monkeypatch.setattr(launch, "FAST_LAUNCH", False)
+    before = dict(launch.stats)
+    b(*second, delta, lse2)
+    assert launch.stats["slow"] == before["slow"] + 1 and launch.stats["bound"] == before["bound"]

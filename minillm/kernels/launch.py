@@ -44,7 +44,8 @@ _SUPPORTED = INTERPRETED is False and knobs is not None and triton.__version__.s
 _I32 = (-2**31, 2**31)
 _entries: dict = {}  # (kernel, device, argument classes, constexpr items, Triton's debug and instrumentation
 # knobs) -> (launcher, function, metadata, tail, compiled kernel), or _JIT_ONLY
-stats = {"fast": 0, "slow": 0}  # launches that skipped the binder, and those that went through it
+stats = {"fast": 0, "slow": 0, "bound": 0}  # launches that skipped the binder (through fast_launch, and
+# through a Bound), and those that went through it
 
 
 def _arg_class(a):
@@ -94,6 +95,18 @@ def _entry(kernel, compiled, n_args: int, constexprs: dict):
     return compiled.run, compiled.function, compiled.packed_metadata, tail, compiled
 
 
+def _key(kernel, device, args, constexprs: dict) -> tuple:
+    """The class of one launch (raises TypeError for an argument type the classes do not cover)."""
+    # the compile options Triton reads from its knobs on every call belong to the class too
+    return (kernel, device, arg_classes(args), tuple(constexprs.items()), knobs.runtime.debug,
+            knobs.compilation.instrumentation_mode)
+
+
+def fast_path_on() -> bool:
+    """Whether launches may skip the binder now: the switch, a checked compiled Triton, no launch hooks."""
+    return FAST_LAUNCH and _SUPPORTED and hooks_off()
+
+
 def fast_launch(kernel, grid: tuple, *args, **constexprs):
     """``kernel[grid](*args, **constexprs)``; returns the compiled kernel, as that does.
 
@@ -101,13 +114,12 @@ def fast_launch(kernel, grid: tuple, *args, **constexprs):
     (constexpr parameters and the options num_warps / num_stages). Repeated calls whose arguments
     fall in one specialization class launch the kernel compiled for the first without Triton's
     binder."""
-    if not (FAST_LAUNCH and _SUPPORTED and hooks_off()) or callable(grid):
+    if not fast_path_on() or callable(grid):
         stats["slow"] += 1
         return kernel[grid](*args, **constexprs)
     device = driver.active.get_current_device()
-    try:  # the compile options Triton reads from its knobs on every call belong to the class too
-        key = (kernel, device, arg_classes(args), tuple(constexprs.items()), knobs.runtime.debug,
-               knobs.compilation.instrumentation_mode)
+    try:
+        key = _key(kernel, device, args, constexprs)
         entry = _entries.get(key)
     except TypeError:  # an argument type the classes do not cover, or an unhashable constexpr
         stats["slow"] += 1
@@ -124,6 +136,58 @@ def fast_launch(kernel, grid: tuple, *args, **constexprs):
         *args, *tail)
     stats["fast"] += 1
     return compiled
+
+
+class Bound:
+    """One launch with its grid, scalar arguments and constexprs fixed; ``bound(*tensors)`` repeats it with
+    other tensors in the kernel's leading (tensor) parameters. Made by ``bind``.
+
+    A call whose tensors fall in the class the launch was bound with (dtype and 16-byte alignment of
+    each), made while the fast path is on, on the device it was bound on, with Triton's debug and
+    instrumentation knobs as they were, goes to the compiled launcher directly: no binder, and no
+    classing of the scalars, which cannot change. Any other call goes through ``fast_launch`` with the
+    full argument list, as an unbound launch would."""
+
+    __slots__ = ("kernel", "grid", "scalars", "constexprs", "compiled", "device", "classes", "knobs", "launch")
+
+    def __init__(self, kernel, grid, n_tensors: int, args: tuple, constexprs: dict, compiled, entry, device):
+        self.kernel, self.grid, self.constexprs, self.compiled = kernel, grid, constexprs, compiled
+        self.scalars, self.device = args[n_tensors:], device
+        self.classes = arg_classes(args[:n_tensors])
+        self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
+        self.launch = None
+        if entry is not None and entry is not _JIT_ONLY:
+            run, function, metadata, tail, _ = entry
+            g = (*grid, 1, 1)
+            head, rest = (g[0], g[1], g[2]), (function, metadata, None, None, None)
+            self.launch = run, head, rest, (*self.scalars, *tail)
+
+    def __call__(self, *tensors):
+        L = self.launch
+        if (L is None or not fast_path_on() or arg_classes(tensors) != self.classes
+                or (knobs.runtime.debug, knobs.compilation.instrumentation_mode) != self.knobs
+                or driver.active.get_current_device() != self.device):
+            return fast_launch(self.kernel, self.grid, *tensors, *self.scalars, **self.constexprs)
+        run, head, rest, tail = L
+        run(*head, driver.active.get_current_stream(self.device), *rest, *tensors, *tail)
+        stats["bound"] += 1
+        return self.compiled
+
+
+def bind(kernel, grid: tuple, n_tensors: int, *args, **constexprs) -> Bound:
+    """``fast_launch(kernel, grid, *args, **constexprs)``, and a ``Bound`` that repeats it: the first
+    ``n_tensors`` arguments are the ones a later call passes anew (they must be the only tensors)."""
+    if any(isinstance(a, torch.Tensor) for a in args[n_tensors:]):
+        raise TypeError("bind: tensors must come first, all of them in the first n_tensors arguments")
+    compiled = fast_launch(kernel, grid, *args, **constexprs)
+    entry = device = None
+    if fast_path_on() and not callable(grid):
+        device = driver.active.get_current_device()
+        try:
+            entry = _entries.get(_key(kernel, device, args, constexprs))
+        except TypeError:
+            entry = None
+    return Bound(kernel, grid, n_tensors, args, constexprs, compiled, entry, device)
 
 
 def cdiv(a: int, b: int) -> int:
