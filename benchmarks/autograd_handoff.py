@@ -11,7 +11,8 @@ set-up and the hand-off to its thread); the body returns (``backward body``); ``
 returns (``back to caller``). Medians over steps, in µs, each mode in the same process; every chunk
 of steps is synchronized before the next. Then the backward's Python profile (cProfile, which sees
 one thread: it is switched on inside the body) on each thread, and the same backward issued without
-autograd on the main thread and on a plain Python thread.
+autograd on the main thread and on a plain Python thread. "minillm" runs with plans (fa.PLANS: a later
+call of a seen shape replays the first one's decisions and bound launches), "minillm, no plans" without.
 """
 from __future__ import annotations
 
@@ -158,12 +159,15 @@ def main(argv=None):
         scale = d ** -0.5
         o, lse = fa._forward(q, k, v, causal, scale)
         fns = {"minillm": (lambda a, b, c: fa.flash_attention(a, b, c, causal=causal), fa._FlashAttention),
+               "minillm, no plans": (lambda a, b, c: fa.flash_attention(a, b, c, causal=causal), fa._FlashAttention),
                "no-op Function": (_Noop.apply, _Noop)}
         for name, (apply, cls) in fns.items():
             for single in (False, True):
+                fa.PLANS = name != "minillm, no plans"
                 r = split_step(apply, (qg, kg, vg), do, cls, args.steps, args.chunk, single)
+                fa.PLANS = True
                 rows.append({"D": d, "N": n, "causal": causal, "fn": name, "engine single-threaded": single, **r})
-                print(f"D={d} N={n} causal={causal!s:5s} {name:15s} single={single!s:5s} "
+                print(f"D={d} N={n} causal={causal!s:5s} {name:17s} single={single!s:5s} "
                       + " ".join(f"{k}={v:.1f}" for k, v in r.items() if isinstance(v, float)),
                       f"other thread={r['backward ran on another thread']}", flush=True)
                 write_results(args.out, meta, rows)

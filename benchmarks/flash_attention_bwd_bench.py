@@ -50,8 +50,9 @@ SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT, "v5": SWEEP_ATOMIC}
 def forward_fn(name, causal, gqa):
     """A function (q, k, v) -> o for one provider; flex and minillm handle GQA natively, SDPA via enable_gqa."""
     if name.startswith("minillm"):  # "minillm": the default plans; "minillm_vN": backward version N;
-        # "minillm_jit": the default plans launched through Triton's binder (main turns launch.FAST_LAUNCH off)
-        impl = name.split("_", 1)[1] if "_" in name and name != "minillm_jit" else None
+        # "minillm_jit": the default versions launched through Triton's binder (main turns launch.FAST_LAUNCH
+        # off); "minillm_noplans": through fast_launch, deciding every call anew (main turns fa.PLANS off)
+        impl = name.split("_", 1)[1] if "_" in name and name not in ("minillm_jit", "minillm_noplans") else None
         return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, bwd_impl=impl)
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -160,7 +161,7 @@ def main(argv=None):
                     continue
             for name in providers:
                 row = {"D": d, "N": n, "causal": causal, "provider": name}
-                launch.FAST_LAUNCH = name != "minillm_jit"
+                launch.FAST_LAUNCH, fa.PLANS = name != "minillm_jit", name != "minillm_noplans"
                 try:
                     fn = forward_fn(name, causal, Hkv != H)
                     if name.startswith("minillm") and want is not None:
@@ -174,7 +175,7 @@ def main(argv=None):
                     if ms_graph is not None:
                         row.update(ms_fwd_bwd_graph=ms_graph,
                                    tflops_fwd_bwd_graph=3.5 * fwd_flops / (ms_graph * 1e-3) / 1e12)
-                    if name in ("minillm", "minillm_jit", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
+                    if name in ("minillm", "minillm_jit", "minillm_noplans", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
                             fa.last_backward_kernel is not None:  # (v1 has its own kernels; the default is v2-v4)
                         kern = fa.last_backward_kernel
                         row.update(config=fa.last_backward_config, path=fa.last_backward_path, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
@@ -191,7 +192,7 @@ def main(argv=None):
                           f"{' '.join(f'{x:.1e}' for x in diff.values()) if diff else ''}"
                           + (f"  graph {row['ms_fwd_bwd_graph']:.3f} ms" if "ms_fwd_bwd_graph" in row else ""),
                           flush=True)
-            launch.FAST_LAUNCH = True
+            launch.FAST_LAUNCH = fa.PLANS = True
             torch.cuda.empty_cache()
     if args.sweep and len(runs) == len(points):
         sweep(args, B, H, Hkv, save)

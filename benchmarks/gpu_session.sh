@@ -21,6 +21,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels5-d")     # the descriptor LSE store, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh kernels6")       # the fast launch path, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh kernels7")       # every compiled test, fast path on
+#                run(command="bash benchmarks/gpu_session.sh kernels8")       # plans: a seen call replays
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -332,6 +333,19 @@ kernels7)  # the autograd hand-off probe (where the eager N=1K step's host time 
     | run_shards kernel_tests_kernels7 14 220
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
     | run_shards kernel_tests_kernels7_heavy 14 230 ;;
+kernels8)  # issue 12: plans (a seen call replays its decisions through bound launches); the launch, flash-attention
+  # (light), model and runner tests, the hand-off probe, the host breakdown, and the N=1K training step beside FA2,
+  # cuDNN and flex (~8 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    tests/test_torch_model.py tests/test_serving_torch_runner.py -k "not ($HEAVY)" | run_shards kernel_tests_kernels8 14 150
+  timeout 100 python3 benchmarks/autograd_handoff.py --out "$OUT/autograd_handoff_plans_h200.json" \
+    > "$OUT/autograd_handoff_plans_h200.txt" 2>&1; echo "handoff rc=$?"; grep -E "^D=" "$OUT/autograd_handoff_plans_h200.txt"
+  timeout 100 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_plans_h200.json" \
+    > "$OUT/host_breakdown_plans_h200.txt" 2>&1; echo "breakdown rc=$?"; cat "$OUT/host_breakdown_plans_h200.txt"
+  timeout 200 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_noplans minillm_jit sdpa_flash sdpa_cudnn --graphs \
+    --out "$OUT/flash_attention_n1k_plans_h200.json" > "$OUT/flash_attention_n1k_plans_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_plans_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

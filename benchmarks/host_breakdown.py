@@ -7,7 +7,8 @@ At N=1K the eager fwd+bwd step of minillm's FlashAttention runs at the host's pa
 This times, in one process, the host cost of each part of that step: one Triton launch through
 ``kernel[grid]`` against the same launch through ``minillm.kernels.launch.fast_launch``; a CUDA
 allocation; the forward and the backward issued without autograd; the whole autograd step with the
-fast launch on and off, the forward through autograd alone, the backward through the engine alone (a
+fast launch off, on, and on with plans (a later call of a seen shape replays the first one's decisions
+and bound launches: ``fa.PLANS``), the forward through autograd alone, the backward through the engine alone (a
 retained graph), and the step with the engine single-threaded (the backward on the calling thread, not
 autograd's device thread); a do-nothing autograd.Function (the engine's own cost); and SDPA's FLASH backend forward and step, the
 baseline of the targets. Each part is issued in chunks of ``--chunk`` calls, the clock stopped before
@@ -78,13 +79,13 @@ def parts(d: int, n: int, causal: bool) -> dict:
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             return torch.nn.functional.scaled_dot_product_attention(x, y, z, is_causal=causal)
 
-    def with_fast(flag, fn):
+    def with_fast(flag, fn, plans=True):
         def run():
-            launch.FAST_LAUNCH = flag
+            launch.FAST_LAUNCH, fa.PLANS = flag, plans
             try:
                 fn()
             finally:
-                launch.FAST_LAUNCH = True
+                launch.FAST_LAUNCH = fa.PLANS = True
         return run
 
     def single_threaded(fn):  # the backward on the calling thread instead of autograd's device thread
@@ -98,17 +99,24 @@ def parts(d: int, n: int, causal: bool) -> dict:
         "one launch, kernel[grid]": lambda: fa._bwd_preprocess_v2[grid](*pre, **pre_kw),
         "one launch, fast_launch": lambda: launch.fast_launch(fa._bwd_preprocess_v2, grid, *pre, **pre_kw),
         "torch.empty_like (CUDA)": lambda: torch.empty_like(q),
-        "forward, no autograd, fast": with_fast(True, lambda: fa._forward(q, k, v, causal, scale)),
+        "forward, no autograd, plans": with_fast(True, lambda: fa._forward(q, k, v, causal, scale)),
+        "forward, no autograd, fast": with_fast(True, lambda: fa._forward(q, k, v, causal, scale), plans=False),
         "forward, no autograd, jit": with_fast(False, lambda: fa._forward(q, k, v, causal, scale)),
-        "backward, no autograd, fast": with_fast(True, lambda: fa._backward(q, k, v, o, lse, do, causal, scale)),
+        "backward, no autograd, plans": with_fast(True, lambda: fa._backward(q, k, v, o, lse, do, causal, scale)),
+        "backward, no autograd, fast": with_fast(True, lambda: fa._backward(q, k, v, o, lse, do, causal, scale),
+                                                 plans=False),
         "backward, no autograd, jit": with_fast(False, lambda: fa._backward(q, k, v, o, lse, do, causal, scale)),
-        "step, autograd, fast": with_fast(True, lambda: torch.autograd.grad(
+        "step, autograd, plans": with_fast(True, lambda: torch.autograd.grad(
             fa.flash_attention(qg, kg, vg, causal=causal), (qg, kg, vg), do)),
+        "step, autograd, fast": with_fast(True, lambda: torch.autograd.grad(
+            fa.flash_attention(qg, kg, vg, causal=causal), (qg, kg, vg), do), plans=False),
         "step, autograd, jit": with_fast(False, lambda: torch.autograd.grad(
             fa.flash_attention(qg, kg, vg, causal=causal), (qg, kg, vg), do)),
-        "forward, autograd apply, fast": lambda: fa.flash_attention(qg, kg, vg, causal=causal),
-        "backward, autograd engine, fast": lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True),
-        "step, autograd, fast, engine single-threaded": single_threaded(lambda: torch.autograd.grad(
+        "forward, autograd apply, plans": lambda: fa.flash_attention(qg, kg, vg, causal=causal),
+        "backward, autograd engine, plans": lambda: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True),
+        "step, autograd, fast, engine single-threaded": single_threaded(with_fast(True, lambda: torch.autograd.grad(
+            fa.flash_attention(qg, kg, vg, causal=causal), (qg, kg, vg), do), plans=False)),
+        "step, autograd, plans, engine single-threaded": single_threaded(lambda: torch.autograd.grad(
             fa.flash_attention(qg, kg, vg, causal=causal), (qg, kg, vg), do)),
         "step, no-op autograd.Function": lambda: torch.autograd.grad(_Noop.apply(qg, kg, vg), (qg, kg, vg), do),
         "sdpa_flash forward": lambda: sdpa_fwd(q, k, v),
@@ -139,7 +147,8 @@ def main(argv=None):
             rows.append({"D": d, "N": n, "causal": causal, "part": name, "host_us": us})
             print(f"D={d} N={n} causal={causal!s:5s} {name:32s} {us:8.1f} us", flush=True)
             write_results(args.out, meta, rows)
-    print(f"fast launches {launch.stats['fast']}, through the binder {launch.stats['slow']}")
+    print(f"fast launches {launch.stats['fast']}, bound {launch.stats['bound']}, through the binder "
+          f"{launch.stats['slow']}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
 def step_fn(provider: str, causal: bool):
-    if provider.startswith("minillm"):  # "minillm_jit": launch.FAST_LAUNCH off (profile_point sets it)
+    if provider.startswith("minillm"):  # "minillm_jit": launch.FAST_LAUNCH off, "minillm_noplans": fa.PLANS off
+        # (profile_point sets them)
         return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal)
 
     def run(q, k, v):
@@ -88,7 +89,7 @@ def profile_point(provider: str, d: int, n: int, causal: bool, calls: int, host_
     q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     fn = step_fn(provider, causal)
-    launch.FAST_LAUNCH = provider != "minillm_jit"
+    launch.FAST_LAUNCH, fa.PLANS = provider != "minillm_jit", provider != "minillm_noplans"
 
     def step():
         torch.autograd.grad(fn(q, k, v), (q, k, v), do)
@@ -114,7 +115,7 @@ def profile_point(provider: str, d: int, n: int, causal: bool, calls: int, host_
     row.update(host_times(step, calls=200))
     if host_profile:
         row["host_profile"] = cprofile_top(step, calls=200)
-    launch.FAST_LAUNCH = True
+    launch.FAST_LAUNCH = fa.PLANS = True
     if provider.startswith("minillm"):
         row.update(fwd_impl=fa.last_forward_impl, bwd_path=fa.last_backward_path, bwd_config=fa.last_backward_config)
     return row

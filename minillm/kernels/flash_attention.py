@@ -408,6 +408,7 @@ def _num_sms(device) -> int:
 # its outputs and calls the launchers (launch.Bound). Only default calls (no explicit config) with the fast
 # path on are planned; the first call of a key always runs the decisions. At N=1K a training step was
 # host-bound, and this Python ran on autograd's device thread (results/autograd_handoff_h200.json).
+PLANS = True  # the switch (benchmarks turn it off to measure what plans save)
 _plans: dict = {}
 MAX_PLANS = 1024  # past this many keys (varying shapes) the cache starts over
 
@@ -450,7 +451,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     plan_key = None
-    if (config is None and programs_per_sm is None and lse_store is None and fast_path_on()
+    if (PLANS and config is None and programs_per_sm is None and lse_store is None and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE)
         plan = _plans.get(plan_key)
@@ -1020,11 +1021,11 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     plan_key = plan = None
-    if config is None and fast_path_on() and all(t.stride(-1) == 1 for t in (q, k, v, o, do)):
+    if PLANS and config is None and fast_path_on() and all(t.stride(-1) == 1 for t in (q, k, v, o, do)):
         plan_key = ("bwd", _layout(q, k, v, o, do, lse), q.device, causal, scale, tma, split, dq_atomic)
         plan = _plans.get(plan_key)
-    q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))
     if plan is None:
+        q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))
         tma = tma and _tma_ok(q, k, v, do)
     if tma and not INTERPRETED:
         _ensure_allocator()
