@@ -22,6 +22,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels6")       # the fast launch path, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh kernels7")       # every compiled test, fast path on
 #                run(command="bash benchmarks/gpu_session.sh kernels8")       # plans: a seen call replays
+#                run(command="bash benchmarks/gpu_session.sh kernels8-b")     #   all flash tests, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -346,6 +347,16 @@ kernels8)  # issue 12: plans (a seen call replays its decisions through bound la
     --providers minillm minillm_noplans minillm_jit sdpa_flash sdpa_cudnn --graphs \
     --out "$OUT/flash_attention_n1k_plans_h200.json" > "$OUT/flash_attention_n1k_plans_h200.txt" 2>&1
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_plans_h200.txt" ;;
+kernels8-b)  # issue 12: after the leaner Bound check, every compiled flash/launch test (heavy ones included), the host
+  # breakdown again, and the N=1K training step again (the chapter's host rule picks among the runs) (~9 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    | run_shards kernel_tests_kernels8b 14 260
+  timeout 90 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_plans2_h200.json" \
+    > "$OUT/host_breakdown_plans2_h200.txt" 2>&1; echo "breakdown rc=$?"; grep -E "step|forward, no|backward, no" "$OUT/host_breakdown_plans2_h200.txt"
+  timeout 170 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_noplans minillm_jit sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_plans2_h200.json" > "$OUT/flash_attention_n1k_plans2_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_plans2_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -153,25 +153,25 @@ class Bound:
     def __init__(self, kernel, grid, n_tensors: int, args: tuple, constexprs: dict, compiled, entry, device):
         self.kernel, self.grid, self.constexprs, self.compiled = kernel, grid, constexprs, compiled
         self.scalars, self.device = args[n_tensors:], device
-        self.classes = arg_classes(args[:n_tensors])
+        self.classes = [(t.dtype, t.data_ptr() % 16 == 0) for t in args[:n_tensors]]  # _arg_class of a tensor
         self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
         self.launch = None
         if entry is not None and entry is not _JIT_ONLY:
             run, function, metadata, tail, _ = entry
             g = (*grid, 1, 1)
-            head, rest = (g[0], g[1], g[2]), (function, metadata, None, None, None)
-            self.launch = run, head, rest, (*self.scalars, *tail)
+            self.launch = run, (g[0], g[1], g[2]), (function, metadata, None, None, None), (*self.scalars, *tail)
 
     def __call__(self, *tensors):
-        L = self.launch
-        if (L is None or not fast_path_on() or arg_classes(tensors) != self.classes
-                or (knobs.runtime.debug, knobs.compilation.instrumentation_mode) != self.knobs
-                or driver.active.get_current_device() != self.device):
-            return fast_launch(self.kernel, self.grid, *tensors, *self.scalars, **self.constexprs)
-        run, head, rest, tail = L
-        run(*head, driver.active.get_current_stream(self.device), *rest, *tensors, *tail)
-        stats["bound"] += 1
-        return self.compiled
+        L = self.launch  # (None unless the fast path was on and the launch had a fast entry when bound)
+        if (L is not None and FAST_LAUNCH and hooks_off()
+                and [(t.dtype, t.data_ptr() % 16 == 0) for t in tensors] == self.classes
+                and (knobs.runtime.debug, knobs.compilation.instrumentation_mode) == self.knobs
+                and driver.active.get_current_device() == self.device):
+            run, head, rest, tail = L
+            run(*head, driver.active.get_current_stream(self.device), *rest, *tensors, *tail)
+            stats["bound"] += 1
+            return self.compiled
+        return fast_launch(self.kernel, self.grid, *tensors, *self.scalars, **self.constexprs)
 
 
 def bind(kernel, grid: tuple, n_tensors: int, *args, **constexprs) -> Bound:
