@@ -164,8 +164,10 @@ def main(argv=None):
         for name, (apply, cls) in fns.items():
             for single in (False, True):
                 fa.PLANS = name != "minillm, no plans"
-                r = split_step(apply, (qg, kg, vg), do, cls, args.steps, args.chunk, single)
-                fa.PLANS = True
+                try:
+                    r = split_step(apply, (qg, kg, vg), do, cls, args.steps, args.chunk, single)
+                finally:
+                    fa.PLANS = True
                 rows.append({"D": d, "N": n, "causal": causal, "fn": name, "engine single-threaded": single, **r})
                 print(f"D={d} N={n} causal={causal!s:5s} {name:17s} single={single!s:5s} "
                       + " ".join(f"{k}={v:.1f}" for k, v in r.items() if isinstance(v, float)),

@@ -51,7 +51,8 @@ def forward_fn(name, causal, gqa):
     """A function (q, k, v) -> o for one provider; flex and minillm handle GQA natively, SDPA via enable_gqa."""
     if name.startswith("minillm"):  # "minillm": the default plans; "minillm_vN": backward version N;
         # "minillm_jit": the default versions launched through Triton's binder (main turns launch.FAST_LAUNCH
-        # off); "minillm_noplans": through fast_launch, deciding every call anew (main turns fa.PLANS off)
+        # off); "minillm_noplans": through fast_launch, deciding every call anew (main turns fa.PLANS off;
+        # in results/flash_attention_n1k_plans*_h200.json that path also classed each launch's arguments twice)
         impl = name.split("_", 1)[1] if "_" in name and name not in ("minillm_jit", "minillm_noplans") else None
         return lambda q, k, v: fa.flash_attention(q, k, v, causal=causal, bwd_impl=impl)
     if name == "flex":

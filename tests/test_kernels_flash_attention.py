@@ -612,18 +612,52 @@ def test_plans_are_off_in_the_interpreter():
     assert fa._plans == {}
 
 
-def _step(q, k, v, do, causal):
+def _step(q, k, v, do, causal, bwd_impl=None):
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o = flash_attention(q, k, v, causal=causal)
+    o = flash_attention(q, k, v, causal=causal, bwd_impl=bwd_impl)
     return (o, *torch.autograd.grad(o, (q, k, v), do))
 
 
+@pytest.mark.parametrize("fwd_impl,bwd_impl,causal", [("v1", "v2", True), ("v2", "v3", False), ("v3", "v4", False),
+                                                      ("v4", "v5", True), ("v5", "v2", False)])
+def test_flash_attention_plan_replay_skips_the_decisions(monkeypatch, fwd_impl, bwd_impl, causal):
+    """With plans on (as on a GPU; here the launches still go through the interpreter), the second step of a
+    shape makes none of the host's decisions again, and gives the same outputs, gradients, versions and
+    tiles as the first."""
+    from minillm.kernels import flash_attention as fa
+
+    monkeypatch.setattr(fa, "fast_path_on", lambda: True)
+    q, k, v = make(1, 4, 2, 48, 48, 16, TILE_TEST_DTYPE, seed=11)
+    do = torch.randn(q.shape, dtype=q.dtype, device=q.device)
+
+    def step():
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o = fa.flash_attention(qq, kk, vv, causal=causal, fwd_impl=fwd_impl, bwd_impl=bwd_impl)
+        grads = torch.autograd.grad(o, (qq, kk, vv), do)
+        return (o, *grads), (fa.last_forward_impl, fa.last_backward_path, fa.last_backward_config)
+
+    first, first_meta = step()
+    assert sorted(key[0] for key in fa._plans) == ["bwd", "fwd"]
+
+    def decided(*args, **kwargs):
+        raise AssertionError("a replayed call made a decision again")
+    for name in ("fwd_plan", "_blocks", "_bwd_blocks", "_tma_ok"):
+        monkeypatch.setattr(fa, name, decided)
+    second, second_meta = step()
+    assert second_meta == first_meta
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,n,causal,hkv", [(64, 1024, True, 4), (128, 1024, False, 4), (64, 1000, False, 2),
-                                            (128, 384, True, 2), (32, 96, False, 1)])
-def test_flash_attention_plan_replay_matches_the_first_call_gpu(monkeypatch, d, n, causal, hkv):
+@pytest.mark.parametrize("d,n,causal,hkv,bwd_impl", [(64, 1024, True, 4, None), (128, 1024, False, 4, None),
+                                                     (64, 1000, False, 2, None), (128, 384, True, 2, None),
+                                                     (32, 96, False, 1, None), (64, 2048, False, 4, "v4"),
+                                                     (128, 512, True, 2, "v3"), (64, 512, False, 2, "v5")])
+def test_flash_attention_plan_replay_matches_the_first_call_gpu(monkeypatch, d, n, causal, hkv, bwd_impl):
     """The second training step of a shape replays the first one's plans (forward and backward); it gives
-    the same outputs and gradients, bit for bit, as the first and as the JIT with the fast path off."""
+    the same outputs and gradients, bit for bit, as the first and as the JIT with the fast path off (v5
+    adds dQ by float32 atomics in no fixed order: its dQ within rounding)."""
     from minillm.kernels import flash_attention as fa
     from minillm.kernels import launch
 
@@ -631,18 +665,22 @@ def test_flash_attention_plan_replay_matches_the_first_call_gpu(monkeypatch, d, 
     q, do = (torch.randn(2, 4, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     k, v = (torch.randn(2, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     monkeypatch.setattr(launch, "FAST_LAUNCH", False)
-    jit = _step(q, k, v, do, causal)
+    jit = _step(q, k, v, do, causal, bwd_impl)
     assert fa._plans == {}
     monkeypatch.setattr(launch, "FAST_LAUNCH", True)
-    first = _step(q, k, v, do, causal)
+    first = _step(q, k, v, do, causal, bwd_impl)
     first_impl, first_path = fa.last_forward_impl, fa.last_backward_path
     assert sorted(key[0] for key in fa._plans) == ["bwd", "fwd"]
     before = launch.stats["bound"]
-    second = _step(q, k, v, do, causal)
+    second = _step(q, k, v, do, causal, bwd_impl)
     assert launch.stats["bound"] >= before + 3  # forward, preprocess, backward
     assert (fa.last_forward_impl, fa.last_backward_path) == (first_impl, first_path)
-    for a, b, c in zip(jit, first, second):
-        assert torch.equal(a, b) and torch.equal(b, c)
+    for i, (a, b, c) in enumerate(zip(jit, first, second)):
+        if bwd_impl == "v5" and i == 1:  # dQ
+            torch.testing.assert_close(b, a, atol=2e-2, rtol=0)
+            torch.testing.assert_close(c, b, atol=2e-2, rtol=0)
+        else:
+            assert torch.equal(a, b) and torch.equal(b, c)
 
 
 @pytest.mark.gpu
@@ -656,8 +694,12 @@ def test_flash_attention_plan_keys_separate_what_changes_the_decisions_gpu(monke
     shifted = [b[1:-7].view(2, 4, 1024, 128).requires_grad_() for b in buf.clone()]
 
     def impl_of(q, k, v):
-        out = [fa.flash_attention(q, k, v) for _ in range(2)]  # the second call replays the first's plan
-        assert torch.equal(out[0], out[1])
+        from minillm.kernels import launch
+
+        first = fa.flash_attention(q, k, v)
+        before = launch.stats["bound"]
+        second = fa.flash_attention(q, k, v)  # replays the first call's plan
+        assert launch.stats["bound"] == before + 1 and torch.equal(first, second)
         return fa.last_forward_impl
 
     want_v5 = fa.fwd_plan(128, torch.bfloat16, False, 1024, 1024)[0]

@@ -23,6 +23,10 @@ The fast path is off in the interpreter, for Triton versions it was not checked 
 skips besides the binder: Triton's check that global variables a kernel reads have not changed
 since it was compiled (the kernels here read none that change); kernels with pre-run hooks, autotuners
 and heuristics wrappers always take the JIT path.
+
+``bind`` goes one step further for a caller that repeats a launch with new tensors and everything else
+the same: the ``Bound`` it returns checks only the tensors' classes and calls the launcher
+(flash_attention's plans keep them).
 """
 from __future__ import annotations
 
@@ -75,6 +79,11 @@ def arg_classes(args) -> tuple:
     return tuple([_arg_class(a) for a in args])
 
 
+def tensor_classes(tensors) -> list:
+    """``_arg_class`` of each tensor, inline (a Bound checks its tensors with it on every call)."""
+    return [(t.dtype, t.data_ptr() % 16 == 0) for t in tensors]
+
+
 _JIT_ONLY = object()  # the entry of a class that always goes through kernel[grid]
 
 
@@ -114,28 +123,33 @@ def fast_launch(kernel, grid: tuple, *args, **constexprs):
     (constexpr parameters and the options num_warps / num_stages). Repeated calls whose arguments
     fall in one specialization class launch the kernel compiled for the first without Triton's
     binder."""
+    return _launch(kernel, grid, args, constexprs)[0]
+
+
+def _launch(kernel, grid: tuple, args: tuple, constexprs: dict):
+    """``fast_launch``, returning (compiled kernel, the class's entry or None, device or None)."""
     if not fast_path_on() or callable(grid):
         stats["slow"] += 1
-        return kernel[grid](*args, **constexprs)
+        return kernel[grid](*args, **constexprs), None, None
     device = driver.active.get_current_device()
     try:
         key = _key(kernel, device, args, constexprs)
         entry = _entries.get(key)
     except TypeError:  # an argument type the classes do not cover, or an unhashable constexpr
         stats["slow"] += 1
-        return kernel[grid](*args, **constexprs)
+        return kernel[grid](*args, **constexprs), None, None
     if entry is None or entry is _JIT_ONLY:
         stats["slow"] += 1
         compiled = kernel[grid](*args, **constexprs)
         if entry is None:
-            _entries[key] = _entry(kernel, compiled, len(args), constexprs)
-        return compiled
+            entry = _entries[key] = _entry(kernel, compiled, len(args), constexprs)
+        return compiled, entry, device
     run, function, metadata, tail, compiled = entry
     g = (*grid, 1, 1)
     run(g[0], g[1], g[2], driver.active.get_current_stream(device), function, metadata, None, None, None,
         *args, *tail)
     stats["fast"] += 1
-    return compiled
+    return compiled, entry, device
 
 
 class Bound:
@@ -153,7 +167,7 @@ class Bound:
     def __init__(self, kernel, grid, n_tensors: int, args: tuple, constexprs: dict, compiled, entry, device):
         self.kernel, self.grid, self.constexprs, self.compiled = kernel, grid, constexprs, compiled
         self.scalars, self.device = args[n_tensors:], device
-        self.classes = [(t.dtype, t.data_ptr() % 16 == 0) for t in args[:n_tensors]]  # _arg_class of a tensor
+        self.classes = tensor_classes(args[:n_tensors])
         self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
         self.launch = None
         if entry is not None and entry is not _JIT_ONLY:
@@ -164,7 +178,7 @@ class Bound:
     def __call__(self, *tensors):
         L = self.launch  # (None unless the fast path was on and the launch had a fast entry when bound)
         if (L is not None and FAST_LAUNCH and hooks_off()
-                and [(t.dtype, t.data_ptr() % 16 == 0) for t in tensors] == self.classes
+                and tensor_classes(tensors) == self.classes
                 and (knobs.runtime.debug, knobs.compilation.instrumentation_mode) == self.knobs
                 and driver.active.get_current_device() == self.device):
             run, head, rest, tail = L
@@ -177,16 +191,10 @@ class Bound:
 def bind(kernel, grid: tuple, n_tensors: int, *args, **constexprs) -> Bound:
     """``fast_launch(kernel, grid, *args, **constexprs)``, and a ``Bound`` that repeats it: the first
     ``n_tensors`` arguments are the ones a later call passes anew (they must be the only tensors)."""
-    if any(isinstance(a, torch.Tensor) for a in args[n_tensors:]):
+    if not all(isinstance(a, torch.Tensor) for a in args[:n_tensors]) or \
+            any(isinstance(a, torch.Tensor) for a in args[n_tensors:]):
         raise TypeError("bind: tensors must come first, all of them in the first n_tensors arguments")
-    compiled = fast_launch(kernel, grid, *args, **constexprs)
-    entry = device = None
-    if fast_path_on() and not callable(grid):
-        device = driver.active.get_current_device()
-        try:
-            entry = _entries.get(_key(kernel, device, args, constexprs))
-        except TypeError:
-            entry = None
+    compiled, entry, device = _launch(kernel, grid, args, constexprs)
     return Bound(kernel, grid, n_tensors, args, constexprs, compiled, entry, device)
 
 
