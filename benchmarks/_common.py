@@ -46,3 +46,15 @@ def poison(nbytes: int) -> None:
     t = torch.empty(nbytes // 2, device="cuda", dtype=torch.bfloat16)
     t.fill_(float("nan"))
     del t
+
+
+def step_point(spec: str) -> tuple[int, int, bool]:
+    """(D, N, causal) of a "D:N" or "D:N:causal" point of the N=1K training-step scripts."""
+    parts = spec.split(":")
+    return int(parts[0]), int(parts[1]), parts[2:] == ["causal"]
+
+
+def step_inputs(d: int, n: int):
+    """q, k, v, dO of one training step at (D, N): bf16, B=4, H=32, seeded by D + N (the same in every script)."""
+    g = torch.Generator(device="cuda").manual_seed(d + n)
+    return tuple(torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minillm.kernels import flash_attention as fa  # noqa: E402
 
-from _common import run_meta, write_results  # noqa: E402
+from _common import run_meta, step_inputs, step_point, write_results  # noqa: E402
 from host_breakdown import _Noop  # noqa: E402  (a Function that launches nothing)
 
 
@@ -140,10 +140,8 @@ def main(argv=None):
     rows, profiles = [], {}
     meta["backward profiles (cProfile, top by own time)"] = profiles
     for point in args.points:
-        p = point.split(":")
-        d, n, causal = int(p[0]), int(p[1]), p[2:] == ["causal"]
-        g = torch.Generator(device="cuda").manual_seed(d + n)
-        q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+        d, n, causal = step_point(point)
+        q, k, v, do = step_inputs(d, n)
         qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
         scale = d ** -0.5
         o, lse = fa._forward(q, k, v, causal, scale)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 from minillm.kernels import launch  # noqa: E402
 
-from _common import run_meta, write_results  # noqa: E402
+from _common import run_meta, step_inputs, step_point, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
@@ -64,8 +64,7 @@ class _Noop(torch.autograd.Function):
 
 
 def parts(d: int, n: int, causal: bool) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(d + n)
-    q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, v, do = step_inputs(d, n)
     scale = d ** -0.5
     o, lse = fa._forward(q, k, v, causal, scale)
     qg, kg, vg = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -140,8 +139,7 @@ def main(argv=None):
                     timing="host microseconds per call, median over chunks issued back to back")
     rows = []
     for point in args.points:
-        p = point.split(":")
-        d, n, causal = int(p[0]), int(p[1]), p[2:] == ["causal"]
+        d, n, causal = step_point(point)
         for name, fn in parts(d, n, causal).items():
             us = issue_us(fn, args.chunk, args.repeats)
             rows.append({"D": d, "N": n, "causal": causal, "part": name, "host_us": us})

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.kernels import flash_attention as fa  # noqa: E402
 from minillm.kernels import launch  # noqa: E402
 
-from _common import median_ms_cudagraph, run_meta, write_results  # noqa: E402
+from _common import median_ms_cudagraph, run_meta, step_inputs, step_point, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
@@ -85,8 +85,7 @@ def cprofile_top(step, calls: int, top: int = 25) -> list:
 def profile_point(provider: str, d: int, n: int, causal: bool, calls: int, host_profile: bool = False) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    g = torch.Generator(device="cuda").manual_seed(d + n)
-    q, k, v, do = (torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    q, k, v, do = step_inputs(d, n)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     fn = step_fn(provider, causal)
     launch.FAST_LAUNCH, fa.PLANS = provider != "minillm_jit", provider != "minillm_noplans"
@@ -136,8 +135,7 @@ def main(argv=None):
                     graph_timing="triton.testing.do_bench_cudagraph, median "
                                  "(runs before 2026-12-03's kernels6: the mean of 200 replays)")
     for point in args.points:
-        parts = point.split(":")
-        d, n, causal = int(parts[0]), int(parts[1]), parts[2:] == ["causal"]
+        d, n, causal = step_point(point)
         for provider in args.providers:
             mine = provider.startswith("minillm")
             row = profile_point(provider, d, n, causal, args.calls, args.host_profile and mine)
