@@ -14,16 +14,6 @@ from minillm.attention import flash_attention_backward, standard_attention  # no
 from minillm.kernels.flash_attention import BWD_IMPLS, FWD_IMPLS, flash_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_plans():
-    """Plans cache the host's decisions per call key: a test that patches a decision must see it made."""
-    from minillm.kernels.flash_attention import clear_plans
-
-    clear_plans()
-    yield
-    clear_plans()
 TOL = {torch.float32: 2e-5, torch.float16: 3e-3}
 
 

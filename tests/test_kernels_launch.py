@@ -22,16 +22,6 @@ from minillm.kernels.softmax import softmax  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_plans():
-    """flash_attention's plans replay launches through Bound objects: each test starts without any."""
-    from minillm.kernels.flash_attention import clear_plans
-
-    clear_plans()
-    yield
-    clear_plans()
-
-
 def _triton_classes(values):
     from triton._C.libtriton import native_specialize_impl
     from triton.backends.compiler import GPUTarget
