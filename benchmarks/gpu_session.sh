@@ -24,6 +24,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels8")       # plans: a seen call replays
 #                run(command="bash benchmarks/gpu_session.sh kernels8-b")     #   all flash tests, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh kernels8-c")     #   causal d=128 forward tiles
+#                run(command="bash benchmarks/gpu_session.sh kernels9")       # the final launch code: tests, N=1K
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -368,6 +369,16 @@ kernels8-c)  # issue 12: the causal d=128 forward, where the cuDNN targets are m
   timeout 130 python3 benchmarks/flash_attention_bwd_bench.py --points 128:4096 --flex-points 128:4096 \
     --providers minillm sdpa_flash sdpa_cudnn --sweep --out "$OUT/flash_attention_fwdbwd_4k_flex_h200.json" \
     > "$OUT/flash_attention_fwdbwd_4k_flex_h200.txt" 2>&1; echo "bwd rc=$?"; cat "$OUT/flash_attention_fwdbwd_4k_flex_h200.txt" ;;
+kernels9)  # issue 12: with the final launch code (bind classes once): every compiled flash/launch test (heavy ones
+  # included), the host breakdown and the N=1K training step, whose fast-launch-only column is now clean (~9 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    | run_shards kernel_tests_kernels9 14 260
+  timeout 90 python3 benchmarks/host_breakdown.py --out "$OUT/host_breakdown_kernels9_h200.json" \
+    > "$OUT/host_breakdown_kernels9_h200.txt" 2>&1; echo "breakdown rc=$?"; grep -E "step|forward, no|backward, no" "$OUT/host_breakdown_kernels9_h200.txt"
+  timeout 170 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_noplans minillm_jit sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_kernels9_h200.json" > "$OUT/flash_attention_n1k_kernels9_h200.txt" 2>&1
+  echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_kernels9_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
