@@ -25,6 +25,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels8-b")     #   all flash tests, N=1K again
 #                run(command="bash benchmarks/gpu_session.sh kernels8-c")     #   causal d=128 forward tiles
 #                run(command="bash benchmarks/gpu_session.sh kernels9")       # the final launch code: tests, N=1K
+#                run(command="bash benchmarks/gpu_session.sh kernels10")      # paged v2 loop; tests kernels9 missed
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -379,6 +380,17 @@ kernels9)  # issue 12: with the final launch code (bind classes once): every com
     --providers minillm minillm_noplans minillm_jit sdpa_flash sdpa_cudnn --graphs --sweep \
     --out "$OUT/flash_attention_n1k_kernels9_h200.json" > "$OUT/flash_attention_n1k_kernels9_h200.txt" 2>&1
   echo "bwd rc=$?"; cat "$OUT/flash_attention_n1k_kernels9_h200.txt" ;;
+kernels10)  # issue 12: the N=1K step again on a fresh host; the paged decode loops (v1: Triton's pipeliner, v2: loads
+  # issued a step ahead by hand) at B 1/16/64 x L 1K/4K/16K beside SDPA; the paged kernel tests and the 29 flash tests
+  # kernels9's shards did not reach before their timeout (results/kernel_tests_kernels9_unrun_ids.txt) (~9 min)
+  timeout 130 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm minillm_noplans minillm_jit sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_kernels10_h200.json" > "$OUT/flash_attention_n1k_kernels10_h200.txt" 2>&1
+  echo "bwd rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels10_h200.txt"
+  timeout 200 python3 benchmarks/paged_decode_study.py --parts loops sdpa --out "$OUT/paged_decode_loops_h200.json" \
+    > "$OUT/paged_decode_loops_h200.txt" 2>&1; echo "loops rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_loops_h200.txt"
+  { cat benchmarks/results/kernel_tests_kernels9_unrun_ids.txt; python3 -m pytest --collect-only -q -p no:cacheprovider \
+      tests/test_kernels_paged_attention.py; } | run_shards kernel_tests_kernels10 14 200 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

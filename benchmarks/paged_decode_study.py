@@ -20,6 +20,9 @@ default all), one JSON:
   (sequence, KV head) merges), scattered table, for the default configuration and, where the sweep
   ran in the same invocation, for the best sweep configuration at that (B, L). Where the default
   splits are 1 both are the same direct write.
+* ``loops``: the two decode loops, v1 (Triton's pipeliner places the loads) at the default configuration
+  and v2 (``prefetch=True``: each step issues the next tile's loads before its math) for each --loop-tiles
+  x --loop-warps and a few split counts around the default (half, default, double), scattered table.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
 
 ``tbps`` is bytes of K and V read per call / time (2 * B * L * Hkv * D * 2 bytes), in TB/s. Times
@@ -47,7 +50,7 @@ from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpr
 from _common import run_meta, write_results  # noqa: E402
 from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
 
-PARTS = ("table", "resources", "sweep", "merge", "sdpa")
+PARTS = ("table", "resources", "sweep", "merge", "loops", "sdpa")
 
 
 def sm_limits(device=0) -> dict:
@@ -88,6 +91,8 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--loop-tiles", type=int, nargs="+", default=[32, 64], help="loops: v2's tiles")
+    ap.add_argument("--loop-warps", type=int, nargs="+", default=[4, 8], help="loops: v2's num_warps")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("paged_decode_study.py needs a CUDA GPU")
@@ -108,7 +113,7 @@ def main(argv=None):
 
     def note_resources(warps, stages, variant):
         """Programs per SM of the kernel the latest call compiled; a resources row the first time it is seen."""
-        key = (warps, stages, variant)
+        key = (warps, stages, variant)  # variant: how the splits end, plus the loop and tile where not v1's
         kern = pa.last_decode_kernel
         if key not in fits and kern is not None:
             regs, spills = getattr(kern, "n_regs", None), getattr(kern, "n_spills", None)
@@ -136,31 +141,35 @@ def main(argv=None):
             def variant(merge):
                 return "direct" if splits == 1 else (merge or pa.DEFAULT_MERGE)
 
-            def measure(row, kc, vc, table, warps, stages, merge):
-                """Check one configuration against SDPA, time it, save the row."""
+            def measure(row, kc, vc, table, warps, stages, merge, **knobs):
+                """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
                 cfg = (warps if warps is not None else default_cfg[0], stages if stages is not None else default_cfg[1])
                 row["config"] = list(cfg)
 
                 def call():
                     return pa.paged_attention(q, kc, vc, table, lens, validate=False, num_warps=warps,
-                                              num_stages=stages, merge=merge)
+                                              num_stages=stages, merge=merge, **knobs)
                 try:
                     row["max_abs_diff_vs_sdpa"] = float((call().float() - want).abs().max())
-                    fit = note_resources(*cfg, variant(merge))
+                    n = knobs.get("num_splits", splits)
+                    kind = "direct" if n == 1 else (merge or pa.DEFAULT_MERGE)
+                    extra = "".join(f" {k}={v}" for k, v in knobs.items() if k != "num_splits")
+                    fit = note_resources(*cfg, kind + extra)
                     ms, how = bench_ms(call)
                     row.update(ms=ms, timing=how, tbps=tbps(kv_bytes, ms))
                     if fit:  # programs / (programs resident at once on all SMs)
-                        row["waves"] = base["grid_programs"] / (fit * lim["sms"])
+                        row["waves"] = B * hkv * n / (fit * lim["sms"])
                 except Exception as e:  # a config that does not compile / fit: record, go on
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 save(row)
                 shown = (f"{row['ms']:8.4f} ms {row['tbps']:5.2f} TB/s diff {row['max_abs_diff_vs_sdpa']:.1e}"
                          if "ms" in row else "ERROR " + row["error"][:80])
+                knob_s = "".join(f" {k}={v}" for k, v in knobs.items())
                 print(f"B={B:3d} L={L:6d} {row['part']:6s} {row.get('table', ''):9s} warps={warps} stages={stages} "
-                      f"merge={merge or pa.DEFAULT_MERGE}: {shown}", flush=True)
+                      f"merge={merge or pa.DEFAULT_MERGE}{knob_s}: {shown}", flush=True)
 
             tables = {}
-            if parts & {"table", "resources", "sweep", "merge"}:
+            if parts & {"table", "resources", "sweep", "merge", "loops"}:
                 tables["scattered"] = torch.randperm(B * nb, device=q.device).to(torch.int32).view(B, nb)
             if "table" in parts:
                 tables["in_order"] = torch.arange(B * nb, device=q.device, dtype=torch.int32).view(B, nb)
@@ -194,6 +203,16 @@ def main(argv=None):
                         for merge in ("launch", "ticket"):
                             measure({**base, "part": "merge", "table": tname, "num_warps": w, "num_stages": s,
                                      "merge": merge, "merge_config": label}, kc, vc, table, w, s, merge)
+                if "loops" in parts:
+                    measure({**base, "part": "loops", "table": tname, "num_warps": None, "num_stages": None,
+                             "merge": pa.DEFAULT_MERGE, "prefetch": False}, kc, vc, table, None, None, None,
+                            prefetch=False)
+                    for n in sorted({max(1, splits // 2), splits, 2 * splits}):
+                        for tile in args.loop_tiles:
+                            for w in args.loop_warps:
+                                measure({**base, "part": "loops", "table": tname, "num_warps": w, "num_stages": None,
+                                         "merge": pa.DEFAULT_MERGE, "prefetch": True, "tile": tile, "num_splits": n},
+                                        kc, vc, table, w, None, None, prefetch=True, tile=tile, num_splits=n)
                 del kc, vc
             if "sdpa" in parts:
                 for name, ms, how, tb, err in time_sdpa(q, k, v, kv_bytes):
@@ -218,12 +237,18 @@ def main(argv=None):
             ln = best(rows, B, L, lambda r: r["part"] == "merge" and r["merge"] == "launch"
                       and tk is not None and r["config"] == tk["config"])  # launch at the ticket's best config
             sd = best(rows, B, L, lambda r: r["part"] == "sdpa")
-            mine = best(rows, B, L, lambda r: r["part"] in ("table", "sweep", "merge"))
+            mine = best(rows, B, L, lambda r: r["part"] in ("table", "sweep", "merge", "loops"))
+            v2 = best(rows, B, L, lambda r: r["part"] == "loops" and r.get("prefetch"))
+            v1 = best(rows, B, L, lambda r: r["part"] == "loops" and not r.get("prefetch"))
             splits = next((r["default_splits"] for r in rows if r.get("B") == B and r.get("L") == L), "-")
             ratio = f"{sc['tbps'] / sd['tbps']:.2f}" if sc and sd else "-"
             ratio_best = f"{mine['tbps'] / sd['tbps']:.2f}" if mine and sd else "-"
             print(f"{B:3d} {L:6d} {splits!s:>3s} | {f(sc)} {f(io)} | {f(sw)}{cfg(sw)} | {f(ln)} {f(tk)}{cfg(tk)} | "
                   f"{f(sd)} {sd['provider'] if sd else ''} | {ratio} {ratio_best}", flush=True)
+            if v2:  # the loops part: v1 at the default against the best v2 configuration
+                print(f"    loops: v1 {f(v1)} | v2 {f(v2)} (tile {v2['tile']}, warps {v2['num_warps']}, "
+                      f"splits {v2['num_splits']}) | v2/sdpa {v2['tbps'] / sd['tbps'] if sd else float('nan'):.2f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

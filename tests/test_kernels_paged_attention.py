@@ -97,12 +97,14 @@ def test_paged_attention_kernel_unvalidated_never_reads_outside_the_pool(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_paged_attention_kernel_gpu_tolerance_rule(dtype, rng):
-    """Compiled, bf16/fp16: error vs float64 <= 2x (+eps) that of SDPA's same-precision math on the gathered cache."""
+def test_paged_attention_kernel_gpu_tolerance_rule(dtype, prefetch, rng):
+    """Compiled, bf16/fp16, both decode loops: error vs float64 <= 2x (+eps) that of SDPA's same-precision math
+    on the gathered cache."""
     arrays = random_paged(rng, B=3, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 300, 1000), num_blocks=200)
     q, kc, vc, table, lens = arrays
-    got = paged_attention(*to_torch(arrays, dtype)).double().cpu().numpy()
+    got = paged_attention(*to_torch(arrays, dtype), prefetch=prefetch).double().cpu().numpy()
     low = [t.astype(np.float64) for t in (q, kc, vc)]
     tq, tk, tv = (torch.from_numpy(t).to(dtype).double().numpy() for t in low)  # inputs as the kernel saw them
     want = paged_reference(tq, tk, tv, table, lens)
@@ -125,6 +127,35 @@ def test_paged_attention_kernel_tile_spans_blocks(tile, block_size, rng):
     arrays = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=block_size, lens=(3, 70, 200), num_blocks=40)
     got = paged_attention(*to_torch(arrays, torch.float32), tile=tile, num_splits=2).cpu().numpy()
     np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
+
+
+@pytest.mark.parametrize("tile,block_size,num_splits", [(16, 16, 1), (16, 8, 3), (32, 16, 2), (16, 64, 4), (64, 16, 7)])
+def test_paged_attention_kernel_prefetch_loop_matches_pipelined_loop(tile, block_size, num_splits, rng):
+    """v2 (loads issued a step ahead by hand) against v1 and the reference: lengths of 1 token, under one tile,
+    across splits and past the last full tile, so the loads ahead run off the end of every split."""
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=block_size, lens=(1, 13, 150, 64), B=4, num_blocks=80)
+    args = to_torch(arrays, torch.float32)
+    v2 = paged_attention(*args, tile=tile, num_splits=num_splits, prefetch=True).cpu().numpy()
+    v1 = paged_attention(*args, tile=tile, num_splits=num_splits, prefetch=False).cpu().numpy()
+    np.testing.assert_allclose(v2, paged_reference(*arrays), atol=2e-5)
+    if INTERPRETED:  # the same operations in the same order: the same numbers
+        np.testing.assert_array_equal(v2, v1)
+    else:
+        np.testing.assert_allclose(v2, v1, atol=2e-5)
+
+
+def test_paged_attention_kernel_prefetch_loop_never_reads_outside_the_pool(rng):
+    """v2 loads table entries a step or two ahead, before the sequence length masks them: an entry outside
+    the pool, inside or past a sequence, is still never dereferenced."""
+    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
+    bad = table.copy()
+    bad[2, 1] = 10_000_000
+    bad[1, 0] = -5
+    bad[0, 1:] = 2**31 - 1  # past sequence 0's one token: read ahead, never used
+    out = paged_attention(*to_torch((q, kc, vc, bad, lens), torch.float32), validate=False, prefetch=True,
+                          tile=16).cpu().numpy()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)
 
 
 def test_paged_attention_kernel_rejects_bad_tile(rng):

@@ -31,6 +31,7 @@ from .launch import cdiv, fast_launch, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
+DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
@@ -41,7 +42,8 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
                          sqb, sqh, skb, sks, skh, svb, svs, svh, stb, max_blocks, num_splits,
                          Hq, Hkv, GROUP, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr):
+                         SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr,
+                         PREFETCH: tl.constexpr = False):
     # BEGIN SOLUTION
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -58,36 +60,111 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for t0 in tl.range(start, end, TILE):
-        pos = t0 + tl.arange(0, TILE)
-        pmask = pos < end
-        blk = pos // BLOCK_SIZE
-        phys = tl.load(TABLE + b * stb + blk, mask=pmask & (blk < max_blocks), other=-1)  # padding is never read
-        # an entry outside the pool is never dereferenced, even when the host check was skipped
-        pmask = pmask & (phys >= 0) & (phys < num_blocks)
-        phys = phys.to(tl.int64)  # block * stride passes 2^31 in pools over 4 GiB
-        slot = pos % BLOCK_SIZE
-        kmask = pmask[:, None] & dmask[None, :]
-        k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kmask, other=0.0)
+    if PREFETCH:  # v2: the loads run ahead of the math by hand
+        m, l, acc = _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
+                                          svb, svs, svh, stb, max_blocks, num_blocks, dims, dmask,
+                                          BLOCK_SIZE=BLOCK_SIZE, TILE=TILE, IEEE=IEEE)
+    else:  # v1: Triton's pipeliner places the loads
+        for t0 in tl.range(start, end, TILE):
+            pos = t0 + tl.arange(0, TILE)
+            pmask = pos < end
+            blk = pos // BLOCK_SIZE
+            phys = tl.load(TABLE + b * stb + blk, mask=pmask & (blk < max_blocks), other=-1)  # padding is never read
+            # an entry outside the pool is never dereferenced, even when the host check was skipped
+            pmask = pmask & (phys >= 0) & (phys < num_blocks)
+            phys = phys.to(tl.int64)  # block * stride passes 2^31 in pools over 4 GiB
+            slot = pos % BLOCK_SIZE
+            kmask = pmask[:, None] & dmask[None, :]
+            k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kmask, other=0.0)
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = tl.where(pmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            v = tl.load(VC + phys[:, None] * svb + slot[:, None] * svs + hk * svh + dims[None, :], mask=kmask, other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+    # END SOLUTION
+    _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, TICKETS, Hq, Hkv, GROUP, num_splits, HEAD_DIM=HEAD_DIM,
+                  BLOCK_D=BLOCK_D, GROUP_PAD=GROUP_PAD, SPLITS_PAD=SPLITS_PAD, DIRECT=DIRECT, TICKET=TICKET)
+
+
+@triton.jit
+def _table_entries(TABLE, b, t0, stb, max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
+    """The physical block of each of the TILE tokens from position t0 on (int64), and which of them lie in
+    the table and point inside the pool; the caller adds the sequence-length mask."""
+    pos = t0 + tl.arange(0, TILE)
+    blk = pos // BLOCK_SIZE
+    inside = (pos >= 0) & (blk < max_blocks)
+    phys = tl.load(TABLE + b * stb + blk, mask=inside, other=-1)
+    ok = inside & (phys >= 0) & (phys < num_blocks)
+    return phys.to(tl.int64), ok
+
+
+@triton.jit
+def _kv_tile(C, phys, pos, ok, hk, sb, ss, sh, dims, dmask, BLOCK_SIZE: tl.constexpr):
+    """The (TILE, BLOCK_D) keys or values of one KV head at positions pos; masked rows read nothing (0)."""
+    slot = pos % BLOCK_SIZE
+    return tl.load(C + phys[:, None] * sb + slot[:, None] * ss + hk * sh + dims[None, :],
+                   mask=ok[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh, svb, svs, svh,
+                          stb, max_blocks, num_blocks, dims, dmask, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+                          IEEE: tl.constexpr):
+    """v2 of the decode loop: the software pipeline written out by hand.
+
+    v1 leaves the loads to Triton's pipeliner. Because a tile's K/V addresses come from a table load, the
+    pipeliner issues the table load for the next tile after this tile's math and waits for the K/V copies
+    at the top of the next step, so a program has no load in flight while it computes and pays the table's
+    round trip on every step. Here the loads run ahead of the math in registers, where a load only stalls
+    when its value is first used: each step first issues the next tile's K and V (their table entries were
+    loaded one step earlier) and the table entries of the tile after that, then computes on the current
+    tile. The first tiles' table entries are loaded before the sequence length is known (masked by the
+    table's width only), so the program's start waits for one round trip, not two, before K and V.
+    """
+    ar = tl.arange(0, TILE)
+    phys, ok = _table_entries(TABLE, b, start, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE, TILE=TILE)
+    phys_n, ok_n = _table_entries(TABLE, b, start + TILE, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE,
+                                  TILE=TILE)
+    pos = start + ar
+    ok = ok & (pos < end)
+    k = _kv_tile(KC, phys, pos, ok, hk, skb, sks, skh, dims, dmask, BLOCK_SIZE=BLOCK_SIZE)
+    v = _kv_tile(VC, phys, pos, ok, hk, svb, svs, svh, dims, dmask, BLOCK_SIZE=BLOCK_SIZE)
+    for t0 in tl.range(start, end, TILE, num_stages=1):  # num_stages=1: the pipeliner keeps out of it
+        # issue the loads of the steps ahead before the math of this one (rows past `end` read nothing)
+        pos_n = t0 + TILE + ar
+        ok_n = ok_n & (pos_n < end)
+        k_n = _kv_tile(KC, phys_n, pos_n, ok_n, hk, skb, sks, skh, dims, dmask, BLOCK_SIZE=BLOCK_SIZE)
+        v_n = _kv_tile(VC, phys_n, pos_n, ok_n, hk, svb, svs, svh, dims, dmask, BLOCK_SIZE=BLOCK_SIZE)
+        phys_nn, ok_nn = _table_entries(TABLE, b, t0 + 2 * TILE, stb, max_blocks, num_blocks,
+                                        BLOCK_SIZE=BLOCK_SIZE, TILE=TILE)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         else:
             s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(pmask[None, :], s, float("-inf"))
+        s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(VC + phys[:, None] * svb + slot[:, None] * svs + hk * svh + dims[None, :], mask=kmask, other=0.0)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    # END SOLUTION
-    _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, TICKETS, Hq, Hkv, GROUP, num_splits, HEAD_DIM=HEAD_DIM,
-                  BLOCK_D=BLOCK_D, GROUP_PAD=GROUP_PAD, SPLITS_PAD=SPLITS_PAD, DIRECT=DIRECT, TICKET=TICKET)
+        k, v, ok, phys_n, ok_n = k_n, v_n, ok_n, phys_nn, ok_nn
+    return m, l, acc
 
 
 @triton.jit
@@ -202,7 +279,7 @@ def _ticket_counters(device, n: int) -> torch.Tensor:
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
                     validate: bool = True, num_splits: int | None = None, tile: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
-                    merge: str | None = None) -> torch.Tensor:
+                    merge: str | None = None, prefetch: bool | None = None) -> torch.Tensor:
     """Decode attention over a paged cache; same signature as the NumPy reference, plus tuning knobs:
     ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), the decode
     kernel's ``num_warps`` / ``num_stages`` (None: from :func:`decode_config`), and ``merge``, how
@@ -210,6 +287,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     program per (sequence, query head); or ``"ticket"``, in the decode kernel itself, by the last
     program of each (sequence, KV head) to finish (an atomic counter tells it that it is the last).
     With one split there is nothing to merge: the program writes the output in both modes.
+    ``prefetch`` picks the decode loop (None: ``DEFAULT_PREFETCH``): False, v1, where Triton's pipeliner
+    places the loads; True, v2, where each step issues the next tile's loads before its own math
+    (``_decode_loop_prefetch``; ``num_stages`` does not apply to its loop).
 
     A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
     merge always has; the NumPy reference rejects it.
@@ -278,7 +358,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
-        IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket, **launch)
+        IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket,
+        PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
         fast_launch(_merge_splits_kernel, (B * Hq,), m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,
