@@ -26,6 +26,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels8-c")     #   causal d=128 forward tiles
 #                run(command="bash benchmarks/gpu_session.sh kernels9")       # the final launch code: tests, N=1K
 #                run(command="bash benchmarks/gpu_session.sh kernels10")      # paged v2 loop; tests kernels9 missed
+#                run(command="bash benchmarks/gpu_session.sh kernels10-b")    # paged v1: tiles x warps x stages x merges
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -391,6 +392,14 @@ kernels10)  # issue 12: the N=1K step again on a fresh host; the paged decode lo
     > "$OUT/paged_decode_loops_h200.txt" 2>&1; echo "loops rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_loops_h200.txt"
   { cat benchmarks/results/kernel_tests_kernels9_unrun_ids.txt; python3 -m pytest --collect-only -q -p no:cacheprovider \
       tests/test_kernels_paged_attention.py; } | run_shards kernel_tests_kernels10 14 200 ;;
+kernels10-b)  # issue 12: the paged v1 loop where B >= 16 misses its target: splits around the default x tiles 32/64/128
+  # x 4/8 warps (never timed together: the tile sweeps ran at the default 2 warps, where 128 spills) x 2/3 stages x
+  # both merges, at B 16/64 x L 1K/4K beside SDPA (~4 min)
+  timeout 400 python3 benchmarks/paged_decode_study.py --parts loops sdpa --batches 16 64 --lengths 1024 4096 \
+    --loop-prefetch 0 --loop-tiles 32 64 128 --loop-warps 4 8 --loop-stages 2 3 --loop-merges launch ticket \
+    --out "$OUT/paged_decode_v1_sweep_h200.json" > "$OUT/paged_decode_v1_sweep_h200.txt" 2>&1
+  echo "sweep rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_v1_sweep_h200.txt"
+  sort -t: -k2 -g "$OUT/paged_decode_v1_sweep_h200.txt" | grep -E "^B= 16 L=  1024 loops" | sort -k12 -g | head -3 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

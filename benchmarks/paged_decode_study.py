@@ -20,9 +20,10 @@ default all), one JSON:
   (sequence, KV head) merges), scattered table, for the default configuration and, where the sweep
   ran in the same invocation, for the best sweep configuration at that (B, L). Where the default
   splits are 1 both are the same direct write.
-* ``loops``: the two decode loops, v1 (Triton's pipeliner places the loads) at the default configuration
-  and v2 (``prefetch=True``: each step issues the next tile's loads before its math) for each --loop-tiles
-  x --loop-warps and a few split counts around the default (half, default, double), scattered table.
+* ``loops``: the two decode loops, v1 (Triton's pipeliner places the loads) at the default configuration,
+  then for each loop in --loop-prefetch (v2, ``prefetch=True``: each step issues the next tile's loads
+  before its math; 0 sweeps v1) a few split counts around the default (half, default, double) x
+  --loop-tiles x --loop-warps (x --loop-stages for v1) x --loop-merges, scattered table.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
 
 ``tbps`` is bytes of K and V read per call / time (2 * B * L * Hkv * D * 2 bytes), in TB/s. Times
@@ -91,8 +92,13 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3, 4])
-    ap.add_argument("--loop-tiles", type=int, nargs="+", default=[32, 64], help="loops: v2's tiles")
-    ap.add_argument("--loop-warps", type=int, nargs="+", default=[4, 8], help="loops: v2's num_warps")
+    ap.add_argument("--loop-prefetch", type=int, nargs="+", default=[1], choices=[0, 1],
+                    help="loops: which loops to sweep (0: v1, 1: v2)")
+    ap.add_argument("--loop-tiles", type=int, nargs="+", default=[32, 64], help="loops: tiles")
+    ap.add_argument("--loop-warps", type=int, nargs="+", default=[4, 8], help="loops: num_warps")
+    ap.add_argument("--loop-stages", type=int, nargs="+", default=[2], help="loops: v1's num_stages")
+    ap.add_argument("--loop-merges", nargs="+", default=["launch"], choices=list(pa.MERGES),
+                    help="loops: merges where there are splits")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("paged_decode_study.py needs a CUDA GPU")
@@ -207,12 +213,17 @@ def main(argv=None):
                     measure({**base, "part": "loops", "table": tname, "num_warps": None, "num_stages": None,
                              "merge": pa.DEFAULT_MERGE, "prefetch": False}, kc, vc, table, None, None, None,
                             prefetch=False)
-                    for n in sorted({max(1, splits // 2), splits, 2 * splits}):
-                        for tile in args.loop_tiles:
-                            for w in args.loop_warps:
-                                measure({**base, "part": "loops", "table": tname, "num_warps": w, "num_stages": None,
-                                         "merge": pa.DEFAULT_MERGE, "prefetch": True, "tile": tile, "num_splits": n},
-                                        kc, vc, table, w, None, None, prefetch=True, tile=tile, num_splits=n)
+                    for prefetch in args.loop_prefetch:
+                        for n in sorted({max(1, splits // 2), splits, 2 * splits}):
+                            for tile in args.loop_tiles:
+                                for w in args.loop_warps:
+                                    for st in (args.loop_stages if not prefetch else [None]):
+                                        for merge in (args.loop_merges if n > 1 else [None]):
+                                            measure({**base, "part": "loops", "table": tname, "num_warps": w,
+                                                     "num_stages": st, "merge": merge or pa.DEFAULT_MERGE,
+                                                     "prefetch": prefetch, "tile": tile, "num_splits": n},
+                                                    kc, vc, table, w, st, merge, prefetch=prefetch, tile=tile,
+                                                    num_splits=n)
                 del kc, vc
             if "sdpa" in parts:
                 for name, ms, how, tb, err in time_sdpa(q, k, v, kv_bytes):
@@ -239,16 +250,18 @@ def main(argv=None):
             sd = best(rows, B, L, lambda r: r["part"] == "sdpa")
             mine = best(rows, B, L, lambda r: r["part"] in ("table", "sweep", "merge", "loops"))
             v2 = best(rows, B, L, lambda r: r["part"] == "loops" and r.get("prefetch"))
-            v1 = best(rows, B, L, lambda r: r["part"] == "loops" and not r.get("prefetch"))
+            v1 = best(rows, B, L, lambda r: r["part"] == "loops" and not r.get("prefetch") and "tile" not in r)
+            v1s = best(rows, B, L, lambda r: r["part"] == "loops" and not r.get("prefetch") and "tile" in r)
             splits = next((r["default_splits"] for r in rows if r.get("B") == B and r.get("L") == L), "-")
             ratio = f"{sc['tbps'] / sd['tbps']:.2f}" if sc and sd else "-"
             ratio_best = f"{mine['tbps'] / sd['tbps']:.2f}" if mine and sd else "-"
             print(f"{B:3d} {L:6d} {splits!s:>3s} | {f(sc)} {f(io)} | {f(sw)}{cfg(sw)} | {f(ln)} {f(tk)}{cfg(tk)} | "
                   f"{f(sd)} {sd['provider'] if sd else ''} | {ratio} {ratio_best}", flush=True)
-            if v2:  # the loops part: v1 at the default against the best v2 configuration
-                print(f"    loops: v1 {f(v1)} | v2 {f(v2)} (tile {v2['tile']}, warps {v2['num_warps']}, "
-                      f"splits {v2['num_splits']}) | v2/sdpa {v2['tbps'] / sd['tbps'] if sd else float('nan'):.2f}",
-                      flush=True)
+            for name, r in (("v2", v2), ("v1 swept", v1s)):  # the loops part: v1's default against the best swept
+                if r:
+                    print(f"    loops: v1 default {f(v1)} | best {name} {f(r)} (tile {r['tile']}, warps "
+                          f"{r['num_warps']}, stages {r['num_stages']}, splits {r['num_splits']}, {r['merge']}) | "
+                          f"/sdpa {r['tbps'] / sd['tbps'] if sd else float('nan'):.2f}", flush=True)
 
 
 if __name__ == "__main__":
