@@ -27,6 +27,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels9")       # the final launch code: tests, N=1K
 #                run(command="bash benchmarks/gpu_session.sh kernels10")      # paged v2 loop; tests kernels9 missed
 #                run(command="bash benchmarks/gpu_session.sh kernels10-b")    # paged v1: tiles x warps x stages x merges
+#                run(command="bash benchmarks/gpu_session.sh kernels10-c")    # paged: what a call is made of
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -400,6 +401,11 @@ kernels10-b)  # issue 12: the paged v1 loop where B >= 16 misses its target: spl
     --out "$OUT/paged_decode_v1_sweep_h200.json" > "$OUT/paged_decode_v1_sweep_h200.txt" 2>&1
   echo "sweep rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_v1_sweep_h200.txt"
   sort -t: -k2 -g "$OUT/paged_decode_v1_sweep_h200.txt" | grep -E "^B= 16 L=  1024 loops" | sort -k12 -g | head -3 ;;
+kernels10-c)  # issue 12: the paged call's pieces at B 16/64 x L 1K/4K/16K (whole call, decode kernel alone, an empty
+  # launch of the same grid) beside SDPA, to split the fixed cost per call that the chapter's fit finds (~2 min)
+  timeout 200 python3 benchmarks/paged_decode_study.py --parts pieces sdpa --batches 16 64 \
+    --out "$OUT/paged_decode_pieces_h200.json" > "$OUT/paged_decode_pieces_h200.txt" 2>&1
+  echo "pieces rc=$?"; grep -E "pieces|sdpa_cudnn" "$OUT/paged_decode_pieces_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -24,6 +24,9 @@ default all), one JSON:
   then for each loop in --loop-prefetch (v2, ``prefetch=True``: each step issues the next tile's loads
   before its math; 0 sweeps v1) a few split counts around the default (half, default, double) x
   --loop-tiles x --loop-warps (x --loop-stages for v1) x --loop-merges, scattered table.
+* ``pieces``: what a call is made of, at the default configuration and scattered table: the whole call;
+  the decode kernel alone (the merge launch skipped, so its output is not read); and an empty kernel with
+  the decode kernel's number of programs, which does nothing: the cost of a launch in a CUDA graph.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
 
 ``tbps`` is bytes of K and V read per call / time (2 * B * L * Hkv * D * 2 bytes), in TB/s. Times
@@ -50,8 +53,17 @@ from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpr
 
 from _common import run_meta, write_results  # noqa: E402
 from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
-PARTS = ("table", "resources", "sweep", "merge", "loops", "sdpa")
+
+@triton.jit
+def _empty_kernel(X, n):
+    """Does nothing with its arguments: what a launch of this many programs costs with no work in them."""
+    if n < 0:  # never true; keeps the arguments used
+        tl.store(X, 0.0)
+
+PARTS = ("table", "resources", "sweep", "merge", "loops", "pieces", "sdpa")
 
 
 def sm_limits(device=0) -> dict:
@@ -174,8 +186,32 @@ def main(argv=None):
                 print(f"B={B:3d} L={L:6d} {row['part']:6s} {row.get('table', ''):9s} warps={warps} stages={stages} "
                       f"merge={merge or pa.DEFAULT_MERGE}{knob_s}: {shown}", flush=True)
 
+            def measure_pieces(base, kc, vc, table):
+                """The whole call, the decode kernel alone, an empty launch of its grid: one row each."""
+                def whole():
+                    return pa.paged_attention(q, kc, vc, table, lens, validate=False)
+
+                launch = pa.fast_launch
+
+                def decode_only(kernel, grid, *a, **kw):  # every launch but the merge's
+                    return None if kernel is pa._merge_splits_kernel else launch(kernel, grid, *a, **kw)
+
+                x = torch.zeros(1, device=q.device)
+                pieces = {"whole call": whole, "empty launch": lambda: _empty_kernel[(base["grid_programs"],)](x, 1)}
+                for name, fn in pieces.items():
+                    ms, how = bench_ms(fn)
+                    save({**base, "part": "pieces", "piece": name, "ms": ms, "timing": how})
+                pa.fast_launch = decode_only
+                try:
+                    ms, how = bench_ms(whole)
+                finally:
+                    pa.fast_launch = launch
+                save({**base, "part": "pieces", "piece": "decode kernel alone", "ms": ms, "timing": how})
+                got = {r["piece"]: 1e3 * r["ms"] for r in rows[-3:]}
+                print(f"B={B:3d} L={L:6d} pieces  " + ", ".join(f"{k} {v:.1f} us" for k, v in got.items()), flush=True)
+
             tables = {}
-            if parts & {"table", "resources", "sweep", "merge", "loops"}:
+            if parts & {"table", "resources", "sweep", "merge", "loops", "pieces"}:
                 tables["scattered"] = torch.randperm(B * nb, device=q.device).to(torch.int32).view(B, nb)
             if "table" in parts:
                 tables["in_order"] = torch.arange(B * nb, device=q.device, dtype=torch.int32).view(B, nb)
@@ -224,6 +260,8 @@ def main(argv=None):
                                                      "prefetch": prefetch, "tile": tile, "num_splits": n},
                                                     kc, vc, table, w, st, merge, prefetch=prefetch, tile=tile,
                                                     num_splits=n)
+                if "pieces" in parts:
+                    measure_pieces(base, kc, vc, table)
                 del kc, vc
             if "sdpa" in parts:
                 for name, ms, how, tb, err in time_sdpa(q, k, v, kv_bytes):
