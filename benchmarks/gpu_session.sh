@@ -28,6 +28,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels10")      # paged v2 loop; tests kernels9 missed
 #                run(command="bash benchmarks/gpu_session.sh kernels10-b")    # paged v1: tiles x warps x stages x merges
 #                run(command="bash benchmarks/gpu_session.sh kernels10-c")    # paged: what a call is made of
+#                run(command="bash benchmarks/gpu_session.sh kernels11")      # paged: the merge by PDL, tests, grid
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -406,6 +407,16 @@ kernels10-c)  # issue 12: the paged call's pieces at B 16/64 x L 1K/4K/16K (whol
   timeout 200 python3 benchmarks/paged_decode_study.py --parts pieces sdpa --batches 16 64 \
     --out "$OUT/paged_decode_pieces_h200.json" > "$OUT/paged_decode_pieces_h200.txt" 2>&1
   echo "pieces rc=$?"; grep -E "pieces|sdpa_cudnn" "$OUT/paged_decode_pieces_h200.txt" ;;
+kernels11)  # issue 12: the paged merge launched as a programmatic dependent (PDL): the call's pieces with and without
+  # it, the paged/model/runner GPU tests (CUDA graphs with PDL inside), then the recorded grid with it (~6 min)
+  timeout 100 python3 benchmarks/paged_decode_study.py --parts pieces sdpa --batches 1 16 64 \
+    --out "$OUT/paged_decode_pieces_pdl_h200.json" > "$OUT/paged_decode_pieces_pdl_h200.txt" 2>&1
+  echo "pieces rc=$?"; grep -E "pieces|sdpa_cudnn" "$OUT/paged_decode_pieces_pdl_h200.txt"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_paged_attention.py tests/test_torch_model.py \
+    tests/test_serving_torch_runner.py tests/test_paged_cache.py tests/test_kernels_paged_prefill.py \
+    | run_shards kernel_tests_kernels11 14 200
+  timeout 150 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_pdl_h200.json" \
+    > "$OUT/paged_attention_pdl_h200.txt" 2>&1; echo "bench rc=$?"; grep -E "^ +(16|64|256) " "$OUT/paged_attention_pdl_h200.txt" | grep -v "=" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -158,6 +158,17 @@ def test_paged_attention_kernel_prefetch_loop_never_reads_outside_the_pool(rng):
     np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)
 
 
+def test_paged_attention_kernel_pdl_is_ignored_where_unavailable(rng):
+    """pdl=True in the interpreter (no programmatic dependent launch there) runs the plain two launches."""
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=16, lens=(5, 90), B=2, num_blocks=20)
+    args = to_torch(arrays, torch.float32)
+    if INTERPRETED:
+        assert not pa._has_pdl(args[0].device)
+    got = paged_attention(*args, num_splits=3, pdl=True).cpu().numpy()
+    np.testing.assert_array_equal(got, paged_attention(*args, num_splits=3, pdl=False).cpu().numpy())
+    np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
+
+
 def test_paged_attention_kernel_rejects_bad_tile(rng):
     with pytest.raises(ValueError, match="tile"):
         paged_attention(*to_torch(random_paged(rng), torch.float32), tile=48)
@@ -303,3 +314,28 @@ def test_paged_attention_kernel_gpu_ticket_merge_under_concurrency_and_graph_rep
             torch.cuda.synchronize()
             torch.testing.assert_close(out.float(), want, atol=1e-2, rtol=1e-2)
     assert not pa._tickets[args[0].device][-1].any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_paged_attention_kernel_gpu_pdl_merge_waits_for_the_decode_grid(rng):
+    """With PDL the merge's programs start before the decode kernel has finished and must wait for its partials:
+    repeated calls and CUDA-graph replays give exactly what the plain second launch gives."""
+    arrays = random_paged(rng, B=4, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 700, 3000, 2049), num_blocks=400)
+    args = to_torch(arrays, torch.bfloat16)
+    assert pa._has_pdl(args[0].device) == (torch.cuda.get_device_capability()[0] >= 9)
+    for splits in (2, 16, 64):
+        want = paged_attention(*args, num_splits=splits, pdl=False, validate=False)
+        for _ in range(20):
+            torch.testing.assert_close(paged_attention(*args, num_splits=splits, pdl=True, validate=False), want,
+                                       atol=0, rtol=0)
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            out = paged_attention(*args, num_splits=splits, pdl=True, validate=False)
+        for _ in range(5):
+            out.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, want, atol=0, rtol=0)
+

@@ -24,6 +24,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
@@ -32,9 +33,11 @@ from .launch import cdiv, fast_launch, next_power_of_2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
+DEFAULT_PDL = True  # launch the merge as a programmatic dependent of the decode kernel where the GPU can (sm_90+)
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
+_pdl_ok: dict[torch.device, bool] = {}  # per device: programmatic dependent launch available (sm_90+)
 
 
 @triton.jit
@@ -43,7 +46,9 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
                          Hq, Hkv, GROUP, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
                          SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr,
-                         PREFETCH: tl.constexpr = False):
+                         PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
+    if PDL:  # the merge launch may start now: its programs wait (gdc_wait) until this grid has finished
+        gdc_launch_dependents()
     # BEGIN SOLUTION
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -227,8 +232,12 @@ def _merge_row(M, L, O, OUT, row, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: t
 
 @triton.jit
 def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr):
-    """merge="launch": one program per (sequence, query head)."""
+                         SPLITS_PAD: tl.constexpr, PDL: tl.constexpr = False):
+    """merge="launch": one program per (sequence, query head). With PDL it was launched early, as a
+    programmatic dependent of the decode kernel, and first waits until that grid has finished and its
+    writes are visible."""
+    if PDL:
+        gdc_wait()
     _merge_row(M, L, O, OUT, tl.program_id(0), num_splits, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                SPLITS_PAD=SPLITS_PAD, CACHE="")
 
@@ -263,6 +272,16 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
     return (2 if batch * max_len >= 16 * 16384 else 4), 2
 
 
+def _has_pdl(device) -> bool:
+    """Whether kernels on ``device`` can use programmatic dependent launch (sm_90 and up; never in the
+    interpreter). Asked once per device."""
+    if INTERPRETED:
+        return False
+    if device not in _pdl_ok:
+        _pdl_ok[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return _pdl_ok[device]
+
+
 def _ticket_counters(device, n: int) -> torch.Tensor:
     """The per-(sequence, KV head) int32 counters of merge="ticket", zeroed once and kept per device.
 
@@ -279,7 +298,8 @@ def _ticket_counters(device, n: int) -> torch.Tensor:
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
                     validate: bool = True, num_splits: int | None = None, tile: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
-                    merge: str | None = None, prefetch: bool | None = None) -> torch.Tensor:
+                    merge: str | None = None, prefetch: bool | None = None,
+                    pdl: bool | None = None) -> torch.Tensor:
     """Decode attention over a paged cache; same signature as the NumPy reference, plus tuning knobs:
     ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), the decode
     kernel's ``num_warps`` / ``num_stages`` (None: from :func:`decode_config`), and ``merge``, how
@@ -289,7 +309,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     With one split there is nothing to merge: the program writes the output in both modes.
     ``prefetch`` picks the decode loop (None: ``DEFAULT_PREFETCH``): False, v1, where Triton's pipeliner
     places the loads; True, v2, where each step issues the next tile's loads before its own math
-    (``_decode_loop_prefetch``; ``num_stages`` does not apply to its loop).
+    (``_decode_loop_prefetch``; ``num_stages`` does not apply to its loop). ``pdl`` (None:
+    ``DEFAULT_PDL``) launches merge="launch"'s second kernel with programmatic dependent launch on GPUs
+    that have it (compute capability 9.0 and up; elsewhere, and in the interpreter, it is ignored): the
+    decode kernel's programs let it start at once and its programs wait for the decode grid to finish,
+    so the second launch's latency overlaps the first kernel's work.
 
     A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
     merge always has; the NumPy reference rejects it.
@@ -350,6 +374,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         l = torch.empty_like(m)
         o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
     tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
+    use_pdl = (DEFAULT_PDL if pdl is None else bool(pdl)) and not direct and not ticket and _has_pdl(q.device)
     qc = q if q.stride(-1) == 1 else q.contiguous()
     global last_decode_kernel
     last_decode_kernel = fast_launch(
@@ -359,9 +384,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket,
-        PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), **launch)
+        PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), PDL=use_pdl, **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
+        more = {"launch_pdl": True} if use_pdl else {}
         fast_launch(_merge_splits_kernel, (B * Hq,), m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,
-                    SPLITS_PAD=splits_pad, num_warps=1 if INTERPRETED else 4)
+                    SPLITS_PAD=splits_pad, PDL=use_pdl, num_warps=1 if INTERPRETED else 4, **more)
     return out
