@@ -29,6 +29,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels10-b")    # paged v1: tiles x warps x stages x merges
 #                run(command="bash benchmarks/gpu_session.sh kernels10-c")    # paged: what a call is made of
 #                run(command="bash benchmarks/gpu_session.sh kernels11")      # paged: the merge by PDL, tests, grid
+#                run(command="bash benchmarks/gpu_session.sh kernels11-b")    # paged: PDL released early or late
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -417,6 +418,12 @@ kernels11)  # issue 12: the paged merge launched as a programmatic dependent (PD
     | run_shards kernel_tests_kernels11 14 200
   timeout 150 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_pdl_h200.json" \
     > "$OUT/paged_attention_pdl_h200.txt" 2>&1; echo "bench rc=$?"; grep -E "^ +(16|64|256) " "$OUT/paged_attention_pdl_h200.txt" | grep -v "=" ;;
+kernels11-b)  # issue 12: kernels11 found the merge by PDL slower; where the decode programs release it (after their
+  # loads, or as they begin), against the plain launch, at B 16/64; the PDL tests (~2 min)
+  timeout 100 python3 benchmarks/paged_decode_study.py --parts pieces --batches 16 64 \
+    --out "$OUT/paged_decode_pieces_pdl2_h200.json" > "$OUT/paged_decode_pieces_pdl2_h200.txt" 2>&1
+  echo "pieces rc=$?"; grep -E "pieces" "$OUT/paged_decode_pieces_pdl2_h200.txt"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py -k pdl 2>&1 | tail -2 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -25,7 +25,8 @@ default all), one JSON:
   before its math; 0 sweeps v1) a few split counts around the default (half, default, double) x
   --loop-tiles x --loop-warps (x --loop-stages for v1) x --loop-merges, scattered table.
 * ``pieces``: what a call is made of, at the default configuration and scattered table: the whole call,
-  and again with the merge launched plainly (``pdl=False``) where it is launched as a programmatic dependent;
+  and again with the merge launched plainly (``pdl=False``), as a programmatic dependent released once the
+  decode programs' loads are done (``pdl=True``) and released as they begin (``pdl="early"``);
   the decode kernel alone (the merge launch skipped, so its output is not read); and an empty kernel with
   the decode kernel's number of programs, which does nothing: the cost of a launch in a CUDA graph.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
@@ -200,7 +201,11 @@ def main(argv=None):
                 x = torch.zeros(1, device=q.device)
                 pieces = {"whole call": whole, "empty launch": lambda: _empty_kernel[(base["grid_programs"],)](x, 1),
                           "whole call, no PDL": lambda: pa.paged_attention(q, kc, vc, table, lens, validate=False,
-                                                                           pdl=False)}
+                                                                           pdl=False),
+                          "whole call, PDL": lambda: pa.paged_attention(q, kc, vc, table, lens, validate=False,
+                                                                        pdl=True),
+                          "whole call, early PDL": lambda: pa.paged_attention(q, kc, vc, table, lens,
+                                                                              validate=False, pdl="early")}
                 for name, fn in pieces.items():
                     ms, how = bench_ms(fn)
                     save({**base, "part": "pieces", "piece": name, "ms": ms, "timing": how})
@@ -210,7 +215,7 @@ def main(argv=None):
                 finally:
                     pa.fast_launch = launch
                 save({**base, "part": "pieces", "piece": "decode kernel alone", "ms": ms, "timing": how})
-                got = {r["piece"]: 1e3 * r["ms"] for r in rows[-4:]}
+                got = {r["piece"]: 1e3 * r["ms"] for r in rows[-len(pieces) - 1:]}
                 print(f"B={B:3d} L={L:6d} pieces  " + ", ".join(f"{k} {v:.1f} us" for k, v in got.items()), flush=True)
 
             tables = {}

@@ -169,6 +169,11 @@ def test_paged_attention_kernel_pdl_is_ignored_where_unavailable(rng):
     np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
 
 
+def test_paged_attention_kernel_rejects_bad_pdl(rng):
+    with pytest.raises(ValueError, match="pdl"):
+        paged_attention(*to_torch(random_paged(rng), torch.float32), pdl="late")
+
+
 def test_paged_attention_kernel_rejects_bad_tile(rng):
     with pytest.raises(ValueError, match="tile"):
         paged_attention(*to_torch(random_paged(rng), torch.float32), tile=48)
@@ -318,7 +323,8 @@ def test_paged_attention_kernel_gpu_ticket_merge_under_concurrency_and_graph_rep
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_paged_attention_kernel_gpu_pdl_merge_waits_for_the_decode_grid(rng):
+@pytest.mark.parametrize("pdl", [True, "early"])
+def test_paged_attention_kernel_gpu_pdl_merge_waits_for_the_decode_grid(pdl, rng):
     """With PDL the merge's programs start before the decode kernel has finished and must wait for its partials:
     repeated calls and CUDA-graph replays give exactly what the plain second launch gives."""
     arrays = random_paged(rng, B=4, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 700, 3000, 2049), num_blocks=400)
@@ -327,12 +333,12 @@ def test_paged_attention_kernel_gpu_pdl_merge_waits_for_the_decode_grid(rng):
     for splits in (2, 16, 64):
         want = paged_attention(*args, num_splits=splits, pdl=False, validate=False)
         for _ in range(20):
-            torch.testing.assert_close(paged_attention(*args, num_splits=splits, pdl=True, validate=False), want,
+            torch.testing.assert_close(paged_attention(*args, num_splits=splits, pdl=pdl, validate=False), want,
                                        atol=0, rtol=0)
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(graph):
-            out = paged_attention(*args, num_splits=splits, pdl=True, validate=False)
+            out = paged_attention(*args, num_splits=splits, pdl=pdl, validate=False)
         for _ in range(5):
             out.zero_()
             graph.replay()

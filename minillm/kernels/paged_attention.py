@@ -46,8 +46,9 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
                          Hq, Hkv, GROUP, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
                          SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr,
-                         PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
-    if PDL:  # the merge launch may start now: its programs wait (gdc_wait) until this grid has finished
+                         PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
+                         PDL_EARLY: tl.constexpr = False):
+    if PDL and PDL_EARLY:  # the merge launch may start now: its programs wait (gdc_wait) for this grid's end
         gdc_launch_dependents()
     # BEGIN SOLUTION
     b = tl.program_id(0)
@@ -98,6 +99,8 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m = m_new
     # END SOLUTION
+    if PDL and not PDL_EARLY:  # the loads are done: the merge launch may start while the partials are stored
+        gdc_launch_dependents()
     _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, TICKETS, Hq, Hkv, GROUP, num_splits, HEAD_DIM=HEAD_DIM,
                   BLOCK_D=BLOCK_D, GROUP_PAD=GROUP_PAD, SPLITS_PAD=SPLITS_PAD, DIRECT=DIRECT, TICKET=TICKET)
 
@@ -299,7 +302,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
                     validate: bool = True, num_splits: int | None = None, tile: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
                     merge: str | None = None, prefetch: bool | None = None,
-                    pdl: bool | None = None) -> torch.Tensor:
+                    pdl: bool | str | None = None) -> torch.Tensor:
     """Decode attention over a paged cache; same signature as the NumPy reference, plus tuning knobs:
     ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), the decode
     kernel's ``num_warps`` / ``num_stages`` (None: from :func:`decode_config`), and ``merge``, how
@@ -312,8 +315,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     (``_decode_loop_prefetch``; ``num_stages`` does not apply to its loop). ``pdl`` (None:
     ``DEFAULT_PDL``) launches merge="launch"'s second kernel with programmatic dependent launch on GPUs
     that have it (compute capability 9.0 and up; elsewhere, and in the interpreter, it is ignored): the
-    decode kernel's programs let it start at once and its programs wait for the decode grid to finish,
-    so the second launch's latency overlaps the first kernel's work.
+    decode kernel's programs let it start once their loads are done (``"early"``: as they begin) and its
+    programs wait for the decode grid to finish, so the second launch's latency overlaps the first
+    kernel's work.
 
     A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
     merge always has; the NumPy reference rejects it.
@@ -374,6 +378,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         l = torch.empty_like(m)
         o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
     tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
+    if pdl not in (None, False, True, "early"):
+        raise ValueError(f"pdl must be None, False, True or 'early', got {pdl!r}")
     use_pdl = (DEFAULT_PDL if pdl is None else bool(pdl)) and not direct and not ticket and _has_pdl(q.device)
     qc = q if q.stride(-1) == 1 else q.contiguous()
     global last_decode_kernel
@@ -384,7 +390,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket,
-        PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), PDL=use_pdl, **launch)
+        PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), PDL=use_pdl,
+        PDL_EARLY=pdl == "early", **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
         more = {"launch_pdl": True} if use_pdl else {}
