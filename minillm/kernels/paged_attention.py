@@ -33,7 +33,7 @@ from .launch import cdiv, fast_launch, next_power_of_2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
-DEFAULT_PDL = True  # launch the merge as a programmatic dependent of the decode kernel where the GPU can (sm_90+)
+DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
