@@ -4,6 +4,7 @@
     python benchmarks/aot_resources.py --impl v5        # backward v5 (dQ by TMA reductions) and its sweep
     python benchmarks/aot_resources.py --kernel paged   # the paged decode kernel per (num_warps, num_stages)
     python benchmarks/aot_resources.py --kernel paged --merge ticket   # ... merging in the last program
+    python benchmarks/aot_resources.py --kernel paged --ir   # ... and how each compiled loop moves its data
 
 Triton compiles ahead of time for any target (its wheel ships ptxas and cuobjdump), so registers,
 spills (the stack frame ptxas had to use) and shared memory can be read without a device; they
@@ -64,7 +65,22 @@ def compile_sm90(kernel, types: dict, consts: dict, warps: int, stages: int) -> 
         f.flush()
         res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", res)
-    return {"regs": int(m.group(1)), "stack_bytes": int(m.group(2)), "shared_bytes": cc.metadata.shared}
+    return {"regs": int(m.group(1)), "stack_bytes": int(m.group(2)), "shared_bytes": cc.metadata.shared,
+            "ttgir": cc.asm["ttgir"]}
+
+
+def loop_loads(ttgir: str) -> str:
+    """How the main loop of a kernel's TTGIR (its last scf.for) moves data: loads into registers (tt.load),
+    asynchronous copies to shared memory and the number of copy groups each wait leaves in flight."""
+    body = ttgir[ttgir.rindex("scf.for"):]
+    waits = re.findall(r"ttg.async_wait .*?\{num = (\d+)", body)
+    dots = [m.start() for m in re.finditer(r"tt\.dot |ttng\.warp_group_dot ", body)]
+    issues = [m.start() for m in re.finditer(r"tt\.load |ttg\.async_copy_global_to_local", body)]
+    after = sum(i > max(dots) for i in issues) if dots else 0
+    return (f"loop: {body.count('tt.load ')} loads to registers, "
+            f"{body.count('ttg.async_copy_global_to_local')} async copies to shared memory, "
+            f"{body.count('ttg.local_alloc')} register-to-shared copies, waits leave {waits or 'none'} in flight; "
+            f"{after} of its {len(issues)} loads and copies issued after the step's last dot")
 
 
 # per backward version: the sweep list in flash_attention_bwd_bench.py, and the kernel's constexprs
@@ -132,12 +148,21 @@ def paged(args):
     types.update(TABLE="*i32", LENS="*i32", qk_scale="fp32", OUT="*bf16", TICKETS="*i32")
     # bf16, GQA 32/8, D=128, block size 16, 4 splits (B=16 on an H200); merge "launch" or "ticket"
     consts = dict(BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP_PAD=16, TILE=64, IEEE=False, SPLITS_PAD=4,
-                  DIRECT=False, TICKET=args.merge == "ticket", PREFETCH=False)
+                  DIRECT=False, TICKET=args.merge == "ticket", PREFETCH=False, PDL=False,
+                  PDL_EARLY=False)
     print(f"merge={args.merge}\n{'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack B':>8s} {'smem KiB':>8s}")
     for w in (2, 4, 8):
         for s in (1, 2, 3, 4):
             r = compile_sm90(kern, types, consts, w, s)
-            print(f"{w:5d} {s:6d} {r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}", flush=True)
+            print(f"{w:5d} {s:6d} {r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
+                  + (f"  {loop_loads(r['ttgir'])}" if args.ir else ""), flush=True)
+    if args.ir:  # v2 of the loop (prefetch=True) at its tiles and warps; its loop ignores num_stages
+        print("v2 (PREFETCH=True), num_stages=1")
+        for tile in (32, 64):
+            for w in (4, 8):
+                r = compile_sm90(kern, types, {**consts, "TILE": tile, "PREFETCH": True}, w, 1)
+                print(f"tile {tile:3d} warps {w}: regs {r['regs']} stack {r['stack_bytes']} B smem "
+                      f"{r['shared_bytes'] / 1024:.1f} KiB  {loop_loads(r['ttgir'])}", flush=True)
 
 
 def main(argv=None):
@@ -146,6 +171,8 @@ def main(argv=None):
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--impl", choices=list(BWD_VERSIONS), default="v2", help="backward: which version's sweep")
     ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
+    ap.add_argument("--ir", action="store_true", help="paged: also how the main loop moves data (from the TTGIR), "
+                    "and v2 of the loop")
     args = ap.parse_args(argv)
     backward(args) if args.kernel == "backward" else paged(args)
 

@@ -402,7 +402,7 @@ kernels10-b)  # issue 12: the paged v1 loop where B >= 16 misses its target: spl
     --loop-prefetch 0 --loop-tiles 32 64 128 --loop-warps 4 8 --loop-stages 2 3 --loop-merges launch ticket \
     --out "$OUT/paged_decode_v1_sweep_h200.json" > "$OUT/paged_decode_v1_sweep_h200.txt" 2>&1
   echo "sweep rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_v1_sweep_h200.txt"
-  sort -t: -k2 -g "$OUT/paged_decode_v1_sweep_h200.txt" | grep -E "^B= 16 L=  1024 loops" | sort -k12 -g | head -3 ;;
+  grep -E "^B= 16 L=  1024 loops" "$OUT/paged_decode_v1_sweep_h200.txt" | sort -k13 -g | head -3 ;;
 kernels10-c)  # issue 12: the paged call's pieces at B 16/64 x L 1K/4K/16K (whole call, decode kernel alone, an empty
   # launch of the same grid) beside SDPA, to split the fixed cost per call that the chapter's fit finds (~2 min)
   timeout 200 python3 benchmarks/paged_decode_study.py --parts pieces sdpa --batches 16 64 \

@@ -52,6 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpreter vs compiled)
+from minillm.kernels.launch import cdiv  # noqa: E402
 
 from _common import run_meta, write_results  # noqa: E402
 from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
@@ -120,7 +121,8 @@ def main(argv=None):
     hq, hkv, d, bs = 32, 8, 128, args.block_size
     lim = sm_limits()
     meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, block_size=bs, sm_limits=lim, parts=args.parts,
-                    default_merge=pa.DEFAULT_MERGE,
+                    default_merge=pa.DEFAULT_MERGE, default_prefetch=pa.DEFAULT_PREFETCH,
+                    default_pdl=pa.DEFAULT_PDL,
                     tbps="bytes of K and V read per call / time, TB/s",
                     timing="triton.testing.do_bench_cudagraph, median of CUDA-graph replays (per-row 'timing' says if not)")
     rows = []
@@ -164,6 +166,8 @@ def main(argv=None):
             def measure(row, kc, vc, table, warps, stages, merge, **knobs):
                 """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
                 cfg = (warps if warps is not None else default_cfg[0], stages if stages is not None else default_cfg[1])
+                if knobs.get("prefetch"):  # v2's loop does not pipeline: the stages do not apply
+                    cfg = (cfg[0], None)
                 row["config"] = list(cfg)
 
                 def call():
@@ -172,6 +176,9 @@ def main(argv=None):
                 try:
                     row["max_abs_diff_vs_sdpa"] = float((call().float() - want).abs().max())
                     n = knobs.get("num_splits", splits)
+                    tile = knobs.get("tile", 64)  # the kernel rounds each split up to whole tiles (64: its default)
+                    n = cdiv(L, cdiv(cdiv(L, n), tile) * tile)  # the splits that ran, as paged_attention counts them
+                    row["splits_run"] = n
                     kind = "direct" if n == 1 else (merge or pa.DEFAULT_MERGE)
                     extra = "".join(f" {k}={v}" for k, v in knobs.items() if k != "num_splits")
                     fit = note_resources(*cfg, kind + extra)

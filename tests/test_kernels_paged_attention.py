@@ -144,6 +144,24 @@ def test_paged_attention_kernel_prefetch_loop_matches_pipelined_loop(tile, block
         np.testing.assert_allclose(v2, v1, atol=2e-5)
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="swaps a @triton.jit helper, which only the interpreter looks up per call")
+@pytest.mark.parametrize("prefetch", [None, False, True])
+def test_paged_attention_kernel_prefetch_selects_the_loop(prefetch, rng, monkeypatch):
+    """prefetch=True runs _decode_loop_prefetch (v2); False and the default (DEFAULT_PREFETCH off) never call it."""
+    calls = []
+    v2 = pa._decode_loop_prefetch
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return v2(*args, **kwargs)
+
+    monkeypatch.setattr(pa, "_decode_loop_prefetch", spy)
+    arrays = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=16, lens=(5, 40), B=2, num_blocks=10)
+    got = paged_attention(*to_torch(arrays, torch.float32), prefetch=prefetch, num_splits=2).cpu().numpy()
+    np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
+    assert bool(calls) == (prefetch is True or (prefetch is None and pa.DEFAULT_PREFETCH))
+
+
 def test_paged_attention_kernel_prefetch_loop_never_reads_outside_the_pool(rng):
     """v2 loads table entries a step or two ahead, before the sequence length masks them: an entry outside
     the pool, inside or past a sequence, is still never dereferenced."""
@@ -158,8 +176,9 @@ def test_paged_attention_kernel_prefetch_loop_never_reads_outside_the_pool(rng):
     np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)
 
 
-def test_paged_attention_kernel_pdl_is_ignored_where_unavailable(rng):
-    """pdl=True in the interpreter (no programmatic dependent launch there) runs the plain two launches."""
+def test_paged_attention_kernel_pdl_gives_the_plain_launch_result(rng):
+    """pdl=True gives what the plain second launch gives (in the interpreter, which has no programmatic
+    dependent launch, it is ignored)."""
     arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=16, lens=(5, 90), B=2, num_blocks=20)
     args = to_torch(arrays, torch.float32)
     if INTERPRETED:
@@ -169,9 +188,10 @@ def test_paged_attention_kernel_pdl_is_ignored_where_unavailable(rng):
     np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
 
 
-def test_paged_attention_kernel_rejects_bad_pdl(rng):
-    with pytest.raises(ValueError, match="pdl"):
-        paged_attention(*to_torch(random_paged(rng), torch.float32), pdl="late")
+@pytest.mark.parametrize("knob", [{"pdl": "late"}, {"prefetch": "yes"}])
+def test_paged_attention_kernel_rejects_bad_loop_knobs(knob, rng):
+    with pytest.raises(ValueError, match=next(iter(knob))):
+        paged_attention(*to_torch(random_paged(rng), torch.float32), **knob)
 
 
 def test_paged_attention_kernel_rejects_bad_tile(rng):
@@ -325,23 +345,28 @@ def test_paged_attention_kernel_gpu_ticket_merge_under_concurrency_and_graph_rep
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("pdl", [True, "early"])
 def test_paged_attention_kernel_gpu_pdl_merge_waits_for_the_decode_grid(pdl, rng):
-    """With PDL the merge's programs start before the decode kernel has finished and must wait for its partials:
-    repeated calls and CUDA-graph replays give exactly what the plain second launch gives."""
+    """With PDL the merge's programs start before the decode kernel has finished and must wait for its partials.
+    Calls alternate between two queries, so a merge that read too early would find the other query's partials
+    (the allocator hands the same buffers back): repeated calls and CUDA-graph replays must each give exactly
+    what the plain second launch gives for their own query."""
     arrays = random_paged(rng, B=4, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 700, 3000, 2049), num_blocks=400)
-    args = to_torch(arrays, torch.bfloat16)
-    assert pa._has_pdl(args[0].device) == (torch.cuda.get_device_capability()[0] >= 9)
+    q0, *rest = to_torch(arrays, torch.bfloat16)
+    queries = (q0, torch.randn_like(q0))
+    assert pa._has_pdl(q0.device) == (torch.cuda.get_device_capability()[0] >= 9)
     for splits in (2, 16, 64):
-        want = paged_attention(*args, num_splits=splits, pdl=False, validate=False)
-        for _ in range(20):
-            torch.testing.assert_close(paged_attention(*args, num_splits=splits, pdl=pdl, validate=False), want,
-                                       atol=0, rtol=0)
+        want = [paged_attention(q, *rest, num_splits=splits, pdl=False, validate=False) for q in queries]
+        assert not torch.equal(want[0], want[1])
+        for i in range(20):
+            got = paged_attention(queries[i % 2], *rest, num_splits=splits, pdl=pdl, validate=False)
+            torch.testing.assert_close(got, want[i % 2], atol=0, rtol=0)
+        static_q = queries[0].clone()
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         with torch.cuda.graph(graph):
-            out = paged_attention(*args, num_splits=splits, pdl=pdl, validate=False)
-        for _ in range(5):
+            out = paged_attention(static_q, *rest, num_splits=splits, pdl=pdl, validate=False)
+        for i in range(6):
+            static_q.copy_(queries[i % 2])
             out.zero_()
             graph.replay()
             torch.cuda.synchronize()
-            torch.testing.assert_close(out, want, atol=0, rtol=0)
-
+            torch.testing.assert_close(out, want[i % 2], atol=0, rtol=0)

@@ -175,7 +175,17 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
          Part("kernels/paged_attention.py", "_paged_decode_kernel",
               "one program per (sequence, KV head, split): walk its tokens in TILE steps, find each token's "
               "physical block in the table, keep a running (m, l, acc) for the query heads of the group "
-              "(m in log2 units) and leave it in m, l, acc for _finish_split below, which stores or merges it")),
+              "(m in log2 units) and leave it in m, l, acc for _finish_split below, which stores or merges it"),
+         Part("kernels/paged_attention.py", "_table_entries",
+              "the physical block of each of the TILE tokens from t0 (-1 past the table's width) and the mask of "
+              "those inside the table and the pool", stretch=True),
+         Part("kernels/paged_attention.py", "_kv_tile",
+              "load one KV head's rows at positions pos from their blocks (slot = pos % BLOCK_SIZE); masked rows "
+              "read nothing", stretch=True),
+         Part("kernels/paged_attention.py", "_decode_loop_prefetch",
+              "v2 of the loop (prefetch=True): load the first tile and the next tile's table entries before the "
+              "loop; in each step issue the next tile's K/V and the table entries two tiles ahead, then do this "
+              "tile's online-softmax step", stretch=True)),
         (5, 8),
         "The allocator keeps its invariants under random operation sequences, forks copy exactly one block "
         "on write, and the kernel matches the NumPy paged reference.",

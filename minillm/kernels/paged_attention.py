@@ -24,7 +24,10 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+try:  # programmatic dependent launch from Python: Triton 3.4 and later
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # older Triton: pdl= is ignored (_has_pdl says no)
+    gdc_launch_dependents = gdc_wait = None
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
@@ -109,20 +112,25 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
 def _table_entries(TABLE, b, t0, stb, max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr):
     """The physical block of each of the TILE tokens from position t0 on (int64), and which of them lie in
     the table and point inside the pool; the caller adds the sequence-length mask."""
+    # BEGIN SOLUTION
     pos = t0 + tl.arange(0, TILE)
     blk = pos // BLOCK_SIZE
     inside = (pos >= 0) & (blk < max_blocks)
     phys = tl.load(TABLE + b * stb + blk, mask=inside, other=-1)
     ok = inside & (phys >= 0) & (phys < num_blocks)
+    # END SOLUTION
     return phys.to(tl.int64), ok
 
 
 @triton.jit
 def _kv_tile(C, phys, pos, ok, hk, sb, ss, sh, dims, dmask, BLOCK_SIZE: tl.constexpr):
     """The (TILE, BLOCK_D) keys or values of one KV head at positions pos; masked rows read nothing (0)."""
+    # BEGIN SOLUTION
     slot = pos % BLOCK_SIZE
-    return tl.load(C + phys[:, None] * sb + slot[:, None] * ss + hk * sh + dims[None, :],
+    tile = tl.load(C + phys[:, None] * sb + slot[:, None] * ss + hk * sh + dims[None, :],
                    mask=ok[:, None] & dmask[None, :], other=0.0)
+    # END SOLUTION
+    return tile
 
 
 @triton.jit
@@ -140,6 +148,7 @@ def _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_sca
     tile. The first tiles' table entries are loaded before the sequence length is known (masked by the
     table's width only), so the program's start waits for one round trip, not two, before K and V.
     """
+    # BEGIN SOLUTION
     ar = tl.arange(0, TILE)
     phys, ok = _table_entries(TABLE, b, start, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE, TILE=TILE)
     phys_n, ok_n = _table_entries(TABLE, b, start + TILE, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE,
@@ -172,6 +181,7 @@ def _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_sca
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
         k, v, ok, phys_n, ok_n = k_n, v_n, ok_n, phys_nn, ok_nn
+    # END SOLUTION
     return m, l, acc
 
 
@@ -278,7 +288,7 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
 def _has_pdl(device) -> bool:
     """Whether kernels on ``device`` can use programmatic dependent launch (sm_90 and up; never in the
     interpreter). Asked once per device."""
-    if INTERPRETED:
+    if INTERPRETED or gdc_wait is None:
         return False
     if device not in _pdl_ok:
         _pdl_ok[device] = torch.cuda.get_device_capability(device)[0] >= 9
@@ -316,8 +326,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     ``DEFAULT_PDL``) launches merge="launch"'s second kernel with programmatic dependent launch on GPUs
     that have it (compute capability 9.0 and up; elsewhere, and in the interpreter, it is ignored): the
     decode kernel's programs let it start once their loads are done (``"early"``: as they begin) and its
-    programs wait for the decode grid to finish, so the second launch's latency overlaps the first
-    kernel's work.
+    programs wait for the decode grid to finish, so that the second launch's latency can overlap the
+    first kernel's work (on the H200 it gained nothing: ``DEFAULT_PDL`` is off).
 
     A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
     merge always has; the NumPy reference rejects it.
@@ -356,6 +366,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
     if num_stages is not None and num_stages < 1:
         raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    if pdl not in (None, False, True, "early"):
+        raise ValueError(f"pdl must be None, False, True or 'early', got {pdl!r}")
+    if prefetch not in (None, False, True):
+        raise ValueError(f"prefetch must be None, False or True, got {prefetch!r}")
     merge = DEFAULT_MERGE if merge is None else merge
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
@@ -378,8 +392,6 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         l = torch.empty_like(m)
         o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
     tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
-    if pdl not in (None, False, True, "early"):
-        raise ValueError(f"pdl must be None, False, True or 'early', got {pdl!r}")
     use_pdl = (DEFAULT_PDL if pdl is None else bool(pdl)) and not direct and not ticket and _has_pdl(q.device)
     qc = q if q.stride(-1) == 1 else q.contiguous()
     global last_decode_kernel
@@ -391,7 +403,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket,
         PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), PDL=use_pdl,
-        PDL_EARLY=pdl == "early", **launch)
+        PDL_EARLY=use_pdl and pdl == "early", **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
         more = {"launch_pdl": True} if use_pdl else {}

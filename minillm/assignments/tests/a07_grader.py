@@ -218,3 +218,18 @@ def test_triton_paged_decode_huge_logits_and_splits(rng):
     got = _triton(q, kc, vc, table, lens, num_splits=3)
     assert np.all(np.isfinite(got))
     np.testing.assert_allclose(got, paged_attention(q, kc, vc, table, lens), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.stretch
+@pytest.mark.parametrize("tile, bs, splits", [(16, 3, 1), (16, 16, 2), (32, 5, 3)])
+def test_triton_paged_decode_prefetch_loop(rng, tile, bs, splits):
+    """Stretch: v2 of the loop (prefetch=True) on odd block sizes, one-token sequences and several splits."""
+    hq, hkv, d, nb = 8, 2, 16, 40
+    lens = np.array([1, 37, 70], np.int32)
+    q = rng.normal(size=(3, hq, d)).astype(np.float32)
+    kc, vc = (rng.normal(size=(nb, bs, hkv, d)).astype(np.float32) for _ in range(2))
+    need = int(np.ceil(lens.max() / bs))
+    table = np.stack([rng.permutation(nb)[:need] for _ in range(3)]).astype(np.int32)
+    got = _triton(q, kc, vc, table, lens, prefetch=True, tile=tile, num_splits=splits)
+    np.testing.assert_allclose(got, paged_attention(q, kc, vc, table, lens), rtol=1e-4, atol=1e-5)
+
