@@ -52,7 +52,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpreter vs compiled)
-from minillm.kernels.launch import cdiv  # noqa: E402
 
 from _common import run_meta, write_results  # noqa: E402
 from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
@@ -160,8 +159,9 @@ def main(argv=None):
             default_cfg = pa.decode_config(B, hkv, nb * bs)
             base = {"B": B, "L": L, "block_size": bs, "default_splits": splits, "grid_programs": B * hkv * splits}
 
-            def variant(merge):
-                return "direct" if splits == 1 else (merge or pa.DEFAULT_MERGE)
+            def variant(merge, n):
+                """How n splits end: written directly (one split) or merged."""
+                return "direct" if n == 1 else (merge or pa.DEFAULT_MERGE)
 
             def measure(row, kc, vc, table, warps, stages, merge, **knobs):
                 """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
@@ -175,13 +175,10 @@ def main(argv=None):
                                               num_stages=stages, merge=merge, **knobs)
                 try:
                     row["max_abs_diff_vs_sdpa"] = float((call().float() - want).abs().max())
-                    n = knobs.get("num_splits", splits)
-                    tile = knobs.get("tile", 64)  # the kernel rounds each split up to whole tiles (64: its default)
-                    n = cdiv(L, cdiv(cdiv(L, n), tile) * tile)  # the splits that ran, as paged_attention counts them
+                    _, n = pa.split_plan(L, knobs.get("num_splits", splits), knobs.get("tile", pa.DEFAULT_TILE))
                     row["splits_run"] = n
-                    kind = "direct" if n == 1 else (merge or pa.DEFAULT_MERGE)
                     extra = "".join(f" {k}={v}" for k, v in knobs.items() if k != "num_splits")
-                    fit = note_resources(*cfg, kind + extra)
+                    fit = note_resources(*cfg, variant(merge, n) + extra)
                     ms, how = bench_ms(call)
                     row.update(ms=ms, timing=how, tbps=tbps(kv_bytes, ms))
                     if fit:  # programs / (programs resident at once on all SMs)
@@ -247,7 +244,7 @@ def main(argv=None):
                     for w, s in grid:
                         try:
                             pa.paged_attention(q, kc, vc, table, lens, validate=False, num_warps=w, num_stages=s)
-                            note_resources(w, s, variant(pa.DEFAULT_MERGE))
+                            note_resources(w, s, variant(pa.DEFAULT_MERGE, splits))
                         except Exception as e:
                             print(f"resources warps={w} stages={s}: ERROR {type(e).__name__}: {str(e)[:80]}",
                                   flush=True)

@@ -37,6 +37,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
+DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
@@ -115,7 +116,7 @@ def _table_entries(TABLE, b, t0, stb, max_blocks, num_blocks, BLOCK_SIZE: tl.con
     # BEGIN SOLUTION
     pos = t0 + tl.arange(0, TILE)
     blk = pos // BLOCK_SIZE
-    inside = (pos >= 0) & (blk < max_blocks)
+    inside = blk < max_blocks
     phys = tl.load(TABLE + b * stb + blk, mask=inside, other=-1)
     ok = inside & (phys >= 0) & (phys < num_blocks)
     # END SOLUTION
@@ -285,6 +286,13 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
     return (2 if batch * max_len >= 16 * 16384 else 4), 2
 
 
+def split_plan(max_len: int, splits: int, tile: int) -> tuple[int, int]:
+    """(tokens per split, splits that run) for ``splits`` asked over ``max_len`` tokens: each split is
+    rounded up to whole tiles, which can leave fewer splits than asked (the trailing ones empty)."""
+    split_len = cdiv(cdiv(max_len, splits), tile) * tile
+    return split_len, cdiv(max_len, split_len)
+
+
 def _has_pdl(device) -> bool:
     """Whether kernels on ``device`` can use programmatic dependent launch (sm_90 and up; never in the
     interpreter). Asked once per device."""
@@ -357,9 +365,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     # would stall the host on the GPU every call. Splits past a sequence's end do no work.
     max_len = block_table.shape[1] * block_size
     splits = num_splits or default_splits(B, Hkv, max_len, q.device)
-    # the tile is independent of the block size (a tile may span several blocks): 16-token steps
-    # for 16-token blocks left half the bandwidth unused on the H200
-    tile = tile or (16 if INTERPRETED else 64)
+    # the tile is independent of the block size (a tile may span several blocks)
+    tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
     if tile < 16 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two >= 16, got {tile}")
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
@@ -373,8 +380,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     merge = DEFAULT_MERGE if merge is None else merge
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-    split_len = cdiv(cdiv(max_len, splits), tile) * tile
-    splits = cdiv(max_len, split_len)  # rounding split_len up can leave trailing splits empty
+    split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
     table_warps, table_stages = decode_config(B, Hkv, max_len)
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
