@@ -30,6 +30,9 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels10-c")    # paged: what a call is made of
 #                run(command="bash benchmarks/gpu_session.sh kernels11")      # paged: the merge by PDL, tests, grid
 #                run(command="bash benchmarks/gpu_session.sh kernels11-b")    # paged: PDL released early or late
+#                run(command="bash benchmarks/gpu_session.sh kernels13")      # paged: a block's memory order (hnd)
+#                run(command="bash benchmarks/gpu_session.sh kernels13-b")    # paged: the v3 loop (TMA whole blocks)
+#                run(command="bash benchmarks/gpu_session.sh kernels13-c")    # paged: v3 the default at B=16, grid
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -424,6 +427,39 @@ kernels11-b)  # issue 12: kernels11 found the merge by PDL slower; where the dec
     --out "$OUT/paged_decode_pieces_pdl2_h200.json" > "$OUT/paged_decode_pieces_pdl2_h200.txt" 2>&1
   echo "pieces rc=$?"; grep -E "pieces" "$OUT/paged_decode_pieces_pdl2_h200.txt"
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py -k pdl 2>&1 | tail -2 ;;
+kernels13)  # issue 12: the paged gap at B >= 16 is 5% streaming rate plus a fixed cost; does a block stored head-major
+  # (hnd: one KV head's tokens side by side) stream faster than the engine's (slot, head, dim) pool? Same kernel,
+  # same data, at every (B, L) of the study, then an hnd sweep and its pieces; the layout tests (~6 min)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py \
+    -k "head_major or strided_head or matches_reference" 2>&1 | tail -2
+  timeout 420 python3 benchmarks/paged_decode_study.py --parts layout sdpa \
+    --out "$OUT/paged_decode_layout_h200.json" > "$OUT/paged_decode_layout_h200.txt" 2>&1
+  echo "layout rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_layout_h200.txt" ;;
+kernels13-b)  # issue 12: the v3 decode loop (tma=True: one block per step, K and V copied whole by TMA) against v1,
+  # and swept over splits (one split: no merge launch) x warps x stages, at block sizes 16, 64 and 128; its tests
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py \
+    -k "tma or tolerance_rule or head_major" 2>&1 | tail -4
+  timeout 200 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size 16 \
+    --out "$OUT/paged_decode_tma_bs16_h200.json" > "$OUT/paged_decode_tma_bs16_h200.txt" 2>&1
+  echo "bs16 rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_bs16_h200.txt"
+  for bs in 64 128; do
+    timeout 110 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size $bs --batches 16 64 \
+      --lengths 1024 4096 --out "$OUT/paged_decode_tma_bs${bs}_h200.json" > "$OUT/paged_decode_tma_bs${bs}_h200.txt" 2>&1
+    echo "bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_bs${bs}_h200.txt"
+  done ;;
+kernels13-c)  # issue 12: v3 (TMA, one split) the default where batch * Hkv fills half to all of the SMs with blocks of
+  # 64+ tokens: the compiled paged tests, the recorded paged grid with it, and the rule's edges (B 8/12/16/24/32)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py \
+    tests/test_serving_torch_runner.py 2>&1 | tail -4
+  timeout 150 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -E "^ *(1|16|64) +(1024|4096) +(16|128|-) " \
+    "$OUT/paged_attention_h200.txt" | grep -v "num_splits\|tile=" | head -40
+  for bs in 64 128; do
+    timeout 90 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size $bs --batches 8 12 24 32 \
+      --lengths 1024 4096 --tma-sweep-min-batch 8 --tma-warps 4 --tma-stages 3 \
+      --out "$OUT/paged_decode_tma_edges_bs${bs}_h200.json" > "$OUT/paged_decode_tma_edges_bs${bs}_h200.txt" 2>&1
+    echo "edges bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_edges_bs${bs}_h200.txt"
+  done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -37,11 +37,21 @@ def bench_ms(fn):
         return median_ms(fn), "do_bench"
 
 
-def to_pages(t, table, bs):
-    """A (B, Hkv, L, D) cache written into pool blocks (num_blocks, bs, Hkv, D) at the table's slots."""
+def to_pages(t, table, bs, layout: str = "nhd"):
+    """A (B, Hkv, L, D) cache written into pool blocks at the table's slots, returned as the kernel's logical
+    (num_blocks, bs, Hkv, D). ``layout`` is the memory order of a block: "nhd" (slot, head, dim), the
+    contiguous pool, or "hnd" (head, slot, dim), where one KV head's tokens in a block lie side by side;
+    an "hnd" pool is returned as a permuted view of itself (the kernel takes strides, no copy)."""
     B, hkv, L, d = t.shape
+    if layout not in ("nhd", "hnd"):
+        raise ValueError(f"layout must be 'nhd' or 'hnd', got {layout!r}")
+    blocks = t.view(B, hkv, L // bs, bs, d).permute(0, 2, 3, 1, 4).reshape(-1, bs, hkv, d)  # (slot, head, dim)
+    if layout == "hnd":
+        pool = torch.empty(B * (L // bs), hkv, bs, d, device=t.device, dtype=t.dtype)
+        pool[table.long().flatten()] = blocks.transpose(1, 2)
+        return pool.transpose(1, 2)
     pool = torch.empty(B * (L // bs), bs, hkv, d, device=t.device, dtype=t.dtype)
-    pool[table.long().flatten()] = t.view(B, hkv, L // bs, bs, d).permute(0, 2, 3, 1, 4).reshape(-1, bs, hkv, d)
+    pool[table.long().flatten()] = blocks
     return pool
 
 

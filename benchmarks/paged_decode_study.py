@@ -29,6 +29,15 @@ default all), one JSON:
   decode programs' loads are done (``pdl=True``) and released as they begin (``pdl="early"``);
   the decode kernel alone (the merge launch skipped, so its output is not read); and an empty kernel with
   the decode kernel's number of programs, which does nothing: the cost of a launch in a CUDA graph.
+* ``layout``: the same data in the two memory orders of a block (``to_pages``): "nhd" (slot, head, dim),
+  the pool the engine allocates, where one KV head's consecutive tokens lie Hkv * D elements apart, and
+  "hnd" (head, slot, dim), where they lie side by side (a block of one head is one contiguous run), passed
+  to the same kernel as a permuted view. Each at the default configuration, then "hnd" over
+  --layout-tiles x --layout-warps x --layout-stages at the default splits, and the pieces of an "hnd" call.
+* ``tma``: the v3 loop (``tma=True``: one block per step, its K and V copied whole by TMA) against v1,
+  both at the default configuration, then, at B >= --tma-sweep-min-batch, v3 over split counts (one, half
+  the default, the default) x --tma-warps x --tma-stages. One split needs no merge launch at all, if
+  one program per (sequence, KV head) can stream fast enough on its own.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
 
 ``tbps`` is bytes of K and V read per call / time (2 * B * L * Hkv * D * 2 bytes), in TB/s. Times
@@ -65,7 +74,7 @@ def _empty_kernel(X, n):
     if n < 0:  # never true; keeps the arguments used
         tl.store(X, 0.0)
 
-PARTS = ("table", "resources", "sweep", "merge", "loops", "pieces", "sdpa")
+PARTS = ("table", "resources", "sweep", "merge", "loops", "pieces", "layout", "tma", "sdpa")
 
 
 def sm_limits(device=0) -> dict:
@@ -111,6 +120,12 @@ def main(argv=None):
     ap.add_argument("--loop-tiles", type=int, nargs="+", default=[32, 64], help="loops: tiles")
     ap.add_argument("--loop-warps", type=int, nargs="+", default=[4, 8], help="loops: num_warps")
     ap.add_argument("--loop-stages", type=int, nargs="+", default=[2], help="loops: v1's num_stages")
+    ap.add_argument("--layout-tiles", type=int, nargs="+", default=[64, 128], help="layout: hnd tiles")
+    ap.add_argument("--layout-warps", type=int, nargs="+", default=[4, 8], help="layout: hnd num_warps")
+    ap.add_argument("--layout-stages", type=int, nargs="+", default=[2, 3], help="layout: hnd num_stages")
+    ap.add_argument("--tma-warps", type=int, nargs="+", default=[4, 8], help="tma: v3's num_warps")
+    ap.add_argument("--tma-stages", type=int, nargs="+", default=[2, 3, 4], help="tma: v3's num_stages")
+    ap.add_argument("--tma-sweep-min-batch", type=int, default=16, help="tma: sweep v3 at batches from this on")
     ap.add_argument("--loop-merges", nargs="+", default=["launch"], choices=list(pa.MERGES),
                     help="loops: merges where there are splits")
     args = ap.parse_args(argv)
@@ -223,7 +238,7 @@ def main(argv=None):
                 print(f"B={B:3d} L={L:6d} pieces  " + ", ".join(f"{k} {v:.1f} us" for k, v in got.items()), flush=True)
 
             tables = {}
-            if parts & {"table", "resources", "sweep", "merge", "loops", "pieces"}:
+            if parts & {"table", "resources", "sweep", "merge", "loops", "pieces", "layout", "tma"}:
                 tables["scattered"] = torch.randperm(B * nb, device=q.device).to(torch.int32).view(B, nb)
             if "table" in parts:
                 tables["in_order"] = torch.arange(B * nb, device=q.device, dtype=torch.int32).view(B, nb)
@@ -274,7 +289,32 @@ def main(argv=None):
                                                     num_splits=n)
                 if "pieces" in parts:
                     measure_pieces(base, kc, vc, table)
+                if "tma" in parts:
+                    row = {**base, "part": "tma", "table": tname, "num_warps": None, "num_stages": None,
+                           "merge": pa.DEFAULT_MERGE}
+                    measure({**row, "loop": "v1"}, kc, vc, table, None, None, None, tma=False)
+                    measure({**row, "loop": "v3"}, kc, vc, table, None, None, None, tma=True, tile=bs)
+                    if B >= args.tma_sweep_min_batch:
+                        for n in sorted({1, max(1, splits // 2), splits}):
+                            for w in args.tma_warps:
+                                for st in args.tma_stages:
+                                    measure({**row, "loop": "v3", "num_warps": w, "num_stages": st, "num_splits": n},
+                                            kc, vc, table, w, st, None, tma=True, tile=bs, num_splits=n)
                 del kc, vc
+                if "layout" in parts:
+                    for lay in ("nhd", "hnd"):
+                        kc, vc = (to_pages(t, table, bs, lay) for t in (k, v))
+                        row = {**base, "part": "layout", "layout": lay, "table": tname, "num_warps": None,
+                               "num_stages": None, "merge": pa.DEFAULT_MERGE}
+                        measure(row, kc, vc, table, None, None, None)
+                        if lay == "hnd":
+                            for tile in args.layout_tiles:
+                                for w in args.layout_warps:
+                                    for st in args.layout_stages:
+                                        measure({**row, "num_warps": w, "num_stages": st, "tile": tile},
+                                                kc, vc, table, w, st, None, tile=tile)
+                            measure_pieces({**base, "layout": lay}, kc, vc, table)
+                        del kc, vc
             if "sdpa" in parts:
                 for name, ms, how, tb, err in time_sdpa(q, k, v, kv_bytes):
                     row = {**base, "part": "sdpa", "provider": name}
@@ -307,6 +347,22 @@ def main(argv=None):
             ratio_best = f"{mine['tbps'] / sd['tbps']:.2f}" if mine and sd else "-"
             print(f"{B:3d} {L:6d} {splits!s:>3s} | {f(sc)} {f(io)} | {f(sw)}{cfg(sw)} | {f(ln)} {f(tk)}{cfg(tk)} | "
                   f"{f(sd)} {sd['provider'] if sd else ''} | {ratio} {ratio_best}", flush=True)
+            lays = {lay: best(rows, B, L, lambda r: r["part"] == "layout" and r["layout"] == lay and "tile" not in r)
+                    for lay in ("nhd", "hnd")}
+            hs = best(rows, B, L, lambda r: r["part"] == "layout" and r["layout"] == "hnd")
+            if lays["nhd"] and lays["hnd"]:
+                print(f"    layout: nhd {f(lays['nhd'])} hnd {f(lays['hnd'])} | best hnd {f(hs)} (tile "
+                      f"{hs.get('tile', pa.DEFAULT_TILE)}, config {hs['config']}) | /sdpa "
+                      + (f"{lays['nhd']['tbps'] / sd['tbps']:.2f} {lays['hnd']['tbps'] / sd['tbps']:.2f} "
+                         f"{hs['tbps'] / sd['tbps']:.2f}" if sd else "-"), flush=True)
+            t1 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v1")
+            t3 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and "num_splits" not in r)
+            t3s = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3")
+            if t1 and t3:
+                print(f"    tma: v1 {f(t1)} v3 {f(t3)} | best v3 {f(t3s)} (config {t3s['config']}, splits "
+                      f"{t3s.get('num_splits', t3s['default_splits'])}) | /sdpa "
+                      + (f"{t1['tbps'] / sd['tbps']:.2f} {t3['tbps'] / sd['tbps']:.2f} {t3s['tbps'] / sd['tbps']:.2f}"
+                         if sd else "-"), flush=True)
             for name, r in (("v2", v2), ("v1 swept", v1s)):  # the loops part: v1's default against the best swept
                 if r:
                     print(f"    loops: v1 default {f(v1)} | best {name} {f(r)} (tile {r['tile']}, warps "

@@ -54,6 +54,30 @@ def test_paged_attention_kernel_gqa_matches_sdpa_on_gathered_cache(hq, hkv, rng)
         torch.testing.assert_close(got[b].cpu(), want[0, :, 0], atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_paged_attention_kernel_head_major_view_matches_contiguous_pool(num_splits, rng):
+    """A pool stored (num_blocks, Hkv, block_size, D) -- one KV head's tokens of a block side by side -- and
+    passed as its permuted (num_blocks, block_size, Hkv, D) view gives the contiguous pool's numbers: the
+    kernel reads the block, slot and head strides it is given (no copy)."""
+    q, kc, vc, table, lens = to_torch(random_paged(rng, Hq=8, Hkv=2, D=32, block_size=16, lens=(1, 13, 150),
+                                                   num_blocks=60), torch.float32)
+    kh, vh = (c.transpose(1, 2).contiguous().transpose(1, 2) for c in (kc, vc))
+    assert kh.stride(1) == kh.shape[-1] and not kh.is_contiguous()
+    want = paged_attention(q, kc, vc, table, lens, num_splits=num_splits)
+    got = paged_attention(q, kh, vh, table, lens, num_splits=num_splits)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_paged_attention_kernel_strided_head_dim_matches_reference(rng):
+    """Caches whose head dim is not contiguous are read correctly (copied first), not silently misread."""
+    arrays = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=8, lens=(9, 30), B=2, num_blocks=12)
+    q, kc, vc, table, lens = to_torch(arrays, torch.float32)
+    ks, vs = (c.transpose(2, 3).contiguous().transpose(2, 3) for c in (kc, vc))
+    assert ks.stride(-1) != 1
+    got = paged_attention(q, ks, vs, table, lens).double().cpu().numpy()
+    np.testing.assert_allclose(got, paged_reference(*arrays), atol=2e-5)
+
+
 def test_paged_attention_kernel_bfloat16_upcast_in_interpreter(rng):
     arrays = random_paged(rng, D=32)
     out = paged_attention(*to_torch(arrays, torch.bfloat16))
@@ -97,14 +121,14 @@ def test_paged_attention_kernel_unvalidated_never_reads_outside_the_pool(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("loop", [{"prefetch": False}, {"prefetch": True}, {"tma": True}])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_paged_attention_kernel_gpu_tolerance_rule(dtype, prefetch, rng):
-    """Compiled, bf16/fp16, both decode loops: error vs float64 <= 2x (+eps) that of SDPA's same-precision math
-    on the gathered cache."""
+def test_paged_attention_kernel_gpu_tolerance_rule(dtype, loop, rng):
+    """Compiled, bf16/fp16, the three decode loops: error vs float64 <= 2x (+eps) that of SDPA's same-precision
+    math on the gathered cache."""
     arrays = random_paged(rng, B=3, Hq=32, Hkv=8, D=128, block_size=16, lens=(1, 300, 1000), num_blocks=200)
     q, kc, vc, table, lens = arrays
-    got = paged_attention(*to_torch(arrays, dtype), prefetch=prefetch).double().cpu().numpy()
+    got = paged_attention(*to_torch(arrays, dtype), **loop).double().cpu().numpy()
     low = [t.astype(np.float64) for t in (q, kc, vc)]
     tq, tk, tv = (torch.from_numpy(t).to(dtype).double().numpy() for t in low)  # inputs as the kernel saw them
     want = paged_reference(tq, tk, tv, table, lens)
@@ -174,6 +198,125 @@ def test_paged_attention_kernel_prefetch_loop_never_reads_outside_the_pool(rng):
                           tile=16).cpu().numpy()
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)
+
+
+@pytest.mark.parametrize("block_size,num_splits", [(16, 1), (16, 3), (32, 2), (64, 1), (16, 7)])
+def test_paged_attention_kernel_tma_loop_matches_pipelined_loop(block_size, num_splits, rng):
+    """v3 (one block per step, copied by TMA) against v1 with the same tile and the reference: lengths of one
+    token, a block's worth, across splits and ending inside a block, so both the unmasked steps and the
+    masked last one run."""
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=block_size, lens=(1, 13, 150, 64), B=4,
+                          num_blocks=80)
+    args = to_torch(arrays, torch.float32)
+    v3 = paged_attention(*args, num_splits=num_splits, tma=True).cpu().numpy()
+    assert pa.last_decode_loop == "v3"
+    v1 = paged_attention(*args, tile=block_size, num_splits=num_splits, tma=False).cpu().numpy()
+    assert pa.last_decode_loop == "v1"
+    np.testing.assert_allclose(v3, paged_reference(*arrays), atol=2e-5)
+    if INTERPRETED:  # the same operations in the same order: the same numbers
+        np.testing.assert_array_equal(v3, v1)
+    else:
+        np.testing.assert_allclose(v3, v1, atol=2e-5)
+
+
+def test_paged_attention_kernel_tma_loop_reads_a_head_major_pool(rng):
+    """v3 reads a (num_blocks, Hkv, block_size, D) pool through its permuted view: each block of one head is
+    one box there too."""
+    args = to_torch(random_paged(rng, Hq=8, Hkv=4, D=32, block_size=16, lens=(7, 100), B=2, num_blocks=20),
+                    torch.float32)
+    q, kc, vc, table, lens = args
+    kh, vh = (c.transpose(1, 2).contiguous().transpose(1, 2) for c in (kc, vc))
+    assert pa.tma_unsupported(kh, vh, 16) is None
+    got = paged_attention(q, kh, vh, table, lens, num_splits=2, tma=True)
+    torch.testing.assert_close(got, paged_attention(q, kc, vc, table, lens, num_splits=2, tma=True), atol=0, rtol=0)
+
+
+def test_paged_attention_kernel_tma_loop_ignores_what_lies_past_a_sequence(rng):
+    """Slots past a sequence's end in its last block may hold anything, NaN included: v3 masks their scores
+    and zeroes their values, so the output is the reference's."""
+    q, kc, vc, table, lens = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=16, lens=(5, 40), B=2, num_blocks=10)
+    dirty_k, dirty_v = kc.copy(), vc.copy()
+    for b, n in enumerate(lens):
+        last = table[b, (n - 1) // 16]
+        dirty_k[last, n % 16 or 16:] = np.nan
+        dirty_v[last, n % 16 or 16:] = np.inf
+    got = paged_attention(*to_torch((q, dirty_k, dirty_v, table, lens), torch.float32), tma=True).cpu().numpy()
+    np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, lens), atol=2e-5)
+
+
+def test_paged_attention_kernel_tma_loop_never_reads_outside_the_pool(rng):
+    """An entry outside the pool, inside or past a sequence, is never dereferenced (its box lies outside the
+    descriptor, and its scores are masked): finite numbers, the untouched sequence's right ones, and v1's
+    numbers for the others."""
+    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
+    bad = table.copy()
+    bad[2, 1] = 10_000_000
+    bad[1, 0] = -5
+    bad[0, 1:] = 2**31 - 1
+    args = to_torch((q, kc, vc, bad, lens), torch.float32)
+    out = paged_attention(*args, validate=False, tma=True).cpu().numpy()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)
+    # the bad blocks inside sequences 1 and 2 weigh nothing, as in v1 (which masks them token by token)
+    v1 = paged_attention(*args, validate=False, tma=False, tile=16).cpu().numpy()
+    np.testing.assert_allclose(out, v1, atol=2e-5)
+
+
+@pytest.mark.parametrize("shape,why", [((10, 8, 2, 16), "block size 8"), ((10, 16, 2, 24), "head dim 24")])
+def test_paged_attention_kernel_tma_rejects_what_it_cannot_read(shape, why, rng):
+    """tma=True on caches TMA cannot read raises and says why; the default (tma=None) runs v1 there."""
+    nb, bs, hkv, d = shape
+    arrays = random_paged(rng, Hq=4, Hkv=hkv, D=d, block_size=bs, lens=(5, 30), B=2, num_blocks=nb)
+    args = to_torch(arrays, torch.float32)
+    with pytest.raises(ValueError, match=why):
+        paged_attention(*args, tma=True)
+    np.testing.assert_allclose(paged_attention(*args).cpu().numpy(), paged_reference(*arrays), atol=2e-5)
+    assert pa.last_decode_loop in ("v1", "v2")
+
+
+@pytest.mark.parametrize("knob,why", [({"tma": True, "prefetch": True}, "two different loops"),
+                                      ({"tma": True, "tile": 32}, "tile must be the block size"),
+                                      ({"tma": "yes"}, "tma must be")])
+def test_paged_attention_kernel_tma_knobs_rejected(knob, why, rng):
+    args = to_torch(random_paged(rng, lens=(5, 30), B=2), torch.float32)
+    with pytest.raises(ValueError, match=why):
+        paged_attention(*args, **knob)
+
+
+@pytest.mark.parametrize("batch,hkv,block_size,want", [(16, 8, 128, True), (16, 8, 64, True), (9, 8, 64, True),
+                                                       (16, 8, 16, False), (8, 8, 128, False), (17, 8, 128, False),
+                                                       (64, 8, 128, False), (1, 8, 128, False)])
+def test_prefers_tma_one_program_per_sm_with_big_blocks(batch, hkv, block_size, want, monkeypatch):
+    """The default's rule on a 132-SM GPU: v3 where batch * Hkv alone fills more than half the SMs and at most
+    all of them, with blocks of 64 tokens or more; never with the switch off, never in the interpreter."""
+    monkeypatch.setattr(pa, "INTERPRETED", False)
+    monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
+    assert pa.prefers_tma(batch, hkv, block_size, "cuda") is want
+    monkeypatch.setattr(pa, "DEFAULT_TMA", False)
+    assert pa.prefers_tma(batch, hkv, block_size, "cuda") is False
+    monkeypatch.setattr(pa, "DEFAULT_TMA", True)
+    monkeypatch.setattr(pa, "INTERPRETED", True)
+    assert pa.prefers_tma(batch, hkv, block_size, "cuda") is False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_head(rng):
+    """Compiled: with a batch whose B * Hkv fills more than half the SMs and 64-token blocks, the default runs
+    v3 (one split, nothing merged) and matches the reference; tma=False on the same call runs v1."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hkv = 4
+    batch = sms // hkv  # B * Hkv in (sms / 2, sms]
+    lens = tuple(int(x) for x in rng.integers(1, 300, size=batch))
+    arrays = random_paged(rng, B=batch, Hq=8, Hkv=hkv, D=64, block_size=64, lens=lens,
+                          num_blocks=sum(-(-n // 64) for n in lens) + 4)
+    args = to_torch(arrays, torch.float16)
+    got = paged_attention(*args).double().cpu().numpy()
+    assert pa.last_decode_loop == "v3"
+    q, kc, vc, table, ln = (a.astype(np.float16).astype(np.float64) if a.dtype == np.float32 else a for a in arrays)
+    np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, ln), atol=TOL[torch.float16])
+    paged_attention(*args, tma=False)
+    assert pa.last_decode_loop == "v1"
 
 
 def test_paged_attention_kernel_pdl_gives_the_plain_launch_result(rng):

@@ -31,15 +31,18 @@ except ImportError:  # older Triton: pdl= is ignored (_has_pdl says no)
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
+from .flash_attention import _ensure_allocator
 from .launch import cdiv, fast_launch, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
+DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
+last_decode_loop = None  # the decode loop the latest call ran: "v1", "v2" (prefetch) or "v3" (TMA)
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
 _pdl_ok: dict[torch.device, bool] = {}  # per device: programmatic dependent launch available (sm_90+)
 
@@ -51,7 +54,7 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
                          BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
                          SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr,
                          PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
-                         PDL_EARLY: tl.constexpr = False):
+                         PDL_EARLY: tl.constexpr = False, TMA: tl.constexpr = False):
     if PDL and PDL_EARLY:  # the merge launch may start now: its programs wait (gdc_wait) for this grid's end
         gdc_launch_dependents()
     # BEGIN SOLUTION
@@ -70,7 +73,11 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    if PREFETCH:  # v2: the loads run ahead of the math by hand
+    if TMA:  # v3: one block per step, copied by the tensor-memory accelerator (TILE == BLOCK_SIZE)
+        m, l, acc = _decode_loop_tma(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
+                                     svb, svs, svh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE,
+                                     HEAD_DIM=HEAD_DIM, IEEE=IEEE)
+    elif PREFETCH:  # v2: the loads run ahead of the math by hand
         m, l, acc = _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
                                           svb, svs, svh, stb, max_blocks, num_blocks, dims, dmask,
                                           BLOCK_SIZE=BLOCK_SIZE, TILE=TILE, IEEE=IEEE)
@@ -187,6 +194,87 @@ def _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_sca
 
 
 @triton.jit
+def _block_descriptor(C, num_blocks, sb, ss, sh, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A 2-D tensor descriptor over a cache pool: rows of ``ss`` elements (one slot's stride), as many as the
+    pool holds, and (BLOCK_SIZE, HEAD_DIM) boxes: the box at row r, column c is one block of one KV head
+    when r, c are that block-and-head's element offset divided by / modulo ``ss`` (see _block_box; the host
+    checks that every block of every head lands in one box, ``tma_layout_ok``)."""
+    # BEGIN SOLUTION
+    desc = tl.make_tensor_descriptor(C, shape=[num_blocks * (sb // ss), ss], strides=[ss, 1],
+                                     block_shape=[BLOCK_SIZE, HEAD_DIM])
+    # END SOLUTION
+    return desc
+
+
+@triton.jit
+def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_scale, sb, ss, sh, stb,
+                     max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr):
+    """One block of the v3 loop: its table entry, its K and V boxes by TMA, the online-softmax step. An entry
+    outside the pool is never dereferenced (its box would lie outside the descriptor and read zeros; its
+    scores are masked too). MASKED: the block may run past ``end`` (the last of a split), so its scores
+    past ``end`` are masked and its value rows there zeroed (a slot past a sequence's end may hold anything)."""
+    # BEGIN SOLUTION
+    blk = t0 // BLOCK_SIZE
+    phys = tl.load(TABLE + b * stb + blk, mask=blk < max_blocks, other=-1)
+    ok = (phys >= 0) & (phys < num_blocks)
+    off = tl.where(ok, phys, 0).to(tl.int64) * sb + hk * sh  # the box's first element, in the pool
+    row = (off // ss).to(tl.int32)
+    col = (off % ss).to(tl.int32)
+    k = k_desc.load([row, col])
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:
+        valid = ((t0 + tl.arange(0, BLOCK_SIZE)) < end) & ok
+        s = tl.where(valid[None, :], s, float("-inf"))
+    else:
+        s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    v = v_desc.load([row, col])
+    if MASKED:
+        v = tl.where(valid[:, None], v, 0.0)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    # END SOLUTION
+    return m_new, l, acc
+
+
+@triton.jit
+def _decode_loop_tma(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh, svb, svs, svh,
+                     stb, max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     IEEE: tl.constexpr):
+    """v3 of the decode loop: one cache block per step, its K and V copied whole by TMA.
+
+    v1 gathers each tile row by row with per-thread addresses. Here a step is one block (the tile is the
+    block size), and its keys and values are each one box of a tensor descriptor: a single thread issues
+    the copy, the data lands in shared memory, and Triton's pipeliner keeps the next steps' copies in
+    flight (num_stages) while this one computes. The full blocks of the split run unmasked; the last, which
+    may run past the sequence's end, masked (``start`` is block-aligned: a split is whole tiles).
+    """
+    # BEGIN SOLUTION
+    k_desc = _block_descriptor(KC, num_blocks, skb, sks, skh, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM)
+    v_desc = _block_descriptor(VC, num_blocks, svb, svs, svh, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_SIZE * BLOCK_SIZE
+    for t0 in tl.range(start, full_end, BLOCK_SIZE):
+        m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_scale, skb, sks,
+                                     skh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE, MASKED=False,
+                                     IEEE=IEEE)
+    if full_end < end:
+        m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, full_end, end, qk_scale, skb,
+                                     sks, skh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE, MASKED=True,
+                                     IEEE=IEEE)
+    # END SOLUTION
+    return m, l, acc
+
+
+@triton.jit
 def _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, TICKETS, Hq, Hkv, GROUP, num_splits,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr,
                   SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr):
@@ -286,11 +374,60 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
     return (2 if batch * max_len >= 16 * 16384 else 4), 2
 
 
+def _num_sms(device) -> int:
+    return 4 if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
+    """Whether a call with tma=None runs v3 (one block per step, copied by TMA) with one split, from the H200
+    study (benchmarks/results/paged_decode_tma_bs*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
+    table). v3 keeps whole blocks in flight, so one program per (sequence, KV head) streams fast enough
+    on its own, and a single split needs no merge launch and no partials. That wins where batch * Hkv
+    alone about fills the SMs (more than half of them, at most all: B=16 there) with blocks of 64 tokens
+    or more. With 16-token blocks a step is too small (v3 ran at 0.53-0.70x v1 at the defaults, its best
+    configuration at B >= 16 at most 0.85x); with many
+    more programs than SMs v1 already runs one split and won or tied; below half the SMs one split
+    leaves SMs idle and v1 splits. The sweeps behind ``decode_config`` hold for v1 only; v3 runs 4 warps
+    and 3 stages."""
+    if INTERPRETED or not DEFAULT_TMA:
+        return False
+    sms = _num_sms(device)
+    return block_size >= 64 and sms // 2 < batch * hkv <= sms
+
+
 def split_plan(max_len: int, splits: int, tile: int) -> tuple[int, int]:
     """(tokens per split, splits that run) for ``splits`` asked over ``max_len`` tokens: each split is
     rounded up to whole tiles, which can leave fewer splits than asked (the trailing ones empty)."""
     split_len = cdiv(cdiv(max_len, splits), tile) * tile
     return split_len, cdiv(max_len, split_len)
+
+
+def tma_unsupported(k_cache, v_cache, block_size: int) -> str | None:
+    """Why the v3 loop (TMA) cannot read these caches, or None if it can.
+
+    Each block of one KV head must be one (block_size, D) box of a 2-D view of the pool whose rows are one
+    slot apart: true of the contiguous (num_blocks, block_size, Hkv, D) pool and of a head-major
+    (num_blocks, Hkv, block_size, D) pool passed as its permuted view. TMA also wants 16-byte aligned bases
+    and row strides, and Triton's boxes powers of two (the box is the whole head dim: no padding).
+    """
+    nb, bs, hkv, d = k_cache.shape
+    if k_cache.stride() != v_cache.stride():
+        return "k_cache and v_cache have different strides"
+    sb, ss, sh, sd = k_cache.stride()
+    size = k_cache.element_size()
+    if sd != 1:
+        return "the head dim is not contiguous"
+    if not (16 <= bs <= 256 and bs & (bs - 1) == 0):
+        return f"block size {bs} is not a power of two in [16, 256]"
+    if not (16 <= d <= 256 and d & (d - 1) == 0):
+        return f"head dim {d} is not a power of two in [16, 256]"
+    if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16 or ss * size % 16:
+        return "a base pointer or the slot stride is not 16-byte aligned"
+    if ss <= 0 or sb % ss or any((h * sh) % ss + d > ss for h in range(hkv)):
+        return "a block of one head is not one box of rows one slot apart"
+    if nb * (sb // ss) >= 2**31:
+        return "the pool has more rows than TMA coordinates address"
+    return None
 
 
 def _has_pdl(device) -> bool:
@@ -320,7 +457,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
                     validate: bool = True, num_splits: int | None = None, tile: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
                     merge: str | None = None, prefetch: bool | None = None,
-                    pdl: bool | str | None = None) -> torch.Tensor:
+                    pdl: bool | str | None = None, tma: bool | None = None) -> torch.Tensor:
     """Decode attention over a paged cache; same signature as the NumPy reference, plus tuning knobs:
     ``num_splits`` (programs per sequence and KV head), ``tile`` (tokens per loop step), the decode
     kernel's ``num_warps`` / ``num_stages`` (None: from :func:`decode_config`), and ``merge``, how
@@ -335,7 +472,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     that have it (compute capability 9.0 and up; elsewhere, and in the interpreter, it is ignored): the
     decode kernel's programs let it start once their loads are done (``"early"``: as they begin) and its
     programs wait for the decode grid to finish, so that the second launch's latency can overlap the
-    first kernel's work (on the H200 it gained nothing: ``DEFAULT_PDL`` is off).
+    first kernel's work (on the H200 it gained nothing: ``DEFAULT_PDL`` is off). ``tma`` picks v3, where
+    each step is one cache block whose K and V are copied whole by TMA (``_decode_loop_tma``; the tile is
+    the block size); None: v3 where :func:`prefers_tma` says so (then with one split where batch * Hkv
+    passes half the SMs, and 4 warps, 3 stages, unless the knobs say otherwise), else v1 or v2.
+    ``tma=True`` on caches it cannot read (:func:`tma_unsupported`) raises; the default falls back there.
+    ``last_decode_loop`` says which loop ran.
 
     A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
     merge always has; the NumPy reference rejects it.
@@ -364,10 +506,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     # Size the splits from what the block table can hold, not from seq_lens.max(): reading that
     # would stall the host on the GPU every call. Splits past a sequence's end do no work.
     max_len = block_table.shape[1] * block_size
-    splits = num_splits or default_splits(B, Hkv, max_len, q.device)
     # the tile is independent of the block size (a tile may span several blocks)
-    tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
-    if tile < 16 or tile & (tile - 1):
+    if tile is not None and (tile < 16 or tile & (tile - 1)):
         raise ValueError(f"tile must be a power of two >= 16, got {tile}")
     if num_warps is not None and (num_warps < 1 or num_warps & (num_warps - 1)):
         raise ValueError(f"num_warps must be a power of two >= 1, got {num_warps}")
@@ -377,12 +517,34 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"pdl must be None, False, True or 'early', got {pdl!r}")
     if prefetch not in (None, False, True):
         raise ValueError(f"prefetch must be None, False or True, got {prefetch!r}")
+    if tma not in (None, False, True):
+        raise ValueError(f"tma must be None, False or True, got {tma!r}")
+    use_tma = prefers_tma(B, Hkv, block_size, q.device) and not prefetch if tma is None else tma
+    if use_tma and prefetch:
+        raise ValueError("tma=True and prefetch=True pick two different loops; pass one")
+    if use_tma:
+        why = tma_unsupported(k_cache, v_cache, block_size)
+        if why and tma:
+            raise ValueError(f"tma=True cannot read these caches: {why}")
+        use_tma = why is None
+    if use_tma:
+        if tile is not None and tile != block_size:
+            raise ValueError(f"with tma=True a step is one block: tile must be the block size {block_size}, "
+                             f"got {tile}")
+        tile = block_size
+    tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
+    if num_splits:
+        splits = num_splits
+    elif use_tma and not INTERPRETED and B * Hkv > _num_sms(q.device) // 2:
+        splits = 1  # v3 with about a program per SM: one split streams at full rate, and nothing to merge
+    else:
+        splits = default_splits(B, Hkv, max_len, q.device)
     merge = DEFAULT_MERGE if merge is None else merge
     if merge not in MERGES:
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
-    table_warps, table_stages = decode_config(B, Hkv, max_len)
+    table_warps, table_stages = (4, 3) if use_tma else decode_config(B, Hkv, max_len)
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
     stages = num_stages if num_stages is not None else table_stages
     if stages is not None:
@@ -400,7 +562,15 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
     use_pdl = (DEFAULT_PDL if pdl is None else bool(pdl)) and not direct and not ticket and _has_pdl(q.device)
     qc = q if q.stride(-1) == 1 else q.contiguous()
-    global last_decode_kernel
+    # the kernel takes the caches' block, slot and head strides as they are (a head-major pool passed as a
+    # permuted view runs without a copy) and assumes the head dim is contiguous
+    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
+    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    use_prefetch = (DEFAULT_PREFETCH if prefetch is None else bool(prefetch)) and not use_tma
+    if use_tma and not INTERPRETED:
+        _ensure_allocator()  # the descriptors are built in the kernel, in scratch memory from torch
+    global last_decode_kernel, last_decode_loop
+    last_decode_loop = "v3" if use_tma else "v2" if use_prefetch else "v1"
     last_decode_kernel = fast_launch(
         _paged_decode_kernel, (B, Hkv, splits),
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, tickets, scale * 1.4426950408889634, split_len,
@@ -408,8 +578,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket,
-        PREFETCH=DEFAULT_PREFETCH if prefetch is None else bool(prefetch), PDL=use_pdl,
-        PDL_EARLY=use_pdl and pdl == "early", **launch)
+        PREFETCH=use_prefetch, PDL=use_pdl, PDL_EARLY=use_pdl and pdl == "early", TMA=use_tma, **launch)
     if not direct and not ticket:
         # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel): one launch
         more = {"launch_pdl": True} if use_pdl else {}
