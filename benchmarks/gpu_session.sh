@@ -33,6 +33,8 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13")      # paged: a block's memory order (hnd)
 #                run(command="bash benchmarks/gpu_session.sh kernels13-b")    # paged: the v3 loop (TMA whole blocks)
 #                run(command="bash benchmarks/gpu_session.sh kernels13-c")    # paged: v3 the default at B=16, grid
+#                run(command="bash benchmarks/gpu_session.sh kernels13-d")    #   the grid again (kernels13-c's stopped)
+#                run(command="bash benchmarks/gpu_session.sh kernels13-e")    #   v3: descriptors made on the host
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -459,6 +461,20 @@ kernels13-c)  # issue 12: v3 (TMA, one split) the default where batch * Hkv fill
       --lengths 1024 4096 --tma-sweep-min-batch 8 --tma-warps 4 --tma-stages 3 \
       --out "$OUT/paged_decode_tma_edges_bs${bs}_h200.json" > "$OUT/paged_decode_tma_edges_bs${bs}_h200.txt" 2>&1
     echo "edges bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_edges_bs${bs}_h200.txt"
+  done ;;
+kernels13-d)  # the recorded paged grid again: kernels13-c's stopped at the tile sweep (a tile= call raised under the
+  # new default; fixed: an explicit tile that is not the block size runs v1), with the default-choice test
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py -k "default_runs_tma" 2>&1 | tail -1
+  timeout 200 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -v "num_splits\|tile=" "$OUT/paged_attention_h200.txt" ;;
+kernels13-e)  # issue 12: v3 at B=16 streams at cuDNN's rate with a larger fixed cost; part of it may be the two tensor
+  # descriptors every program builds in scratch memory: the same loop with them made once on the host; its tests
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py -k "tma" 2>&1 | tail -1
+  for bs in 128 64; do
+    timeout 150 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size $bs --batches 12 16 \
+      --lengths 1024 4096 16384 --tma-host 0 1 --tma-warps 4 --tma-stages 3 --tma-sweep-min-batch 12 \
+      --out "$OUT/paged_decode_tma_host_bs${bs}_h200.json" > "$OUT/paged_decode_tma_host_bs${bs}_h200.txt" 2>&1
+    echo "host bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_host_bs${bs}_h200.txt"
   done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,

@@ -17,7 +17,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minillm.kernels.paged_attention import paged_attention  # noqa: E402  (first: interpreter vs compiled)
+from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpreter vs compiled)
+from minillm.kernels.paged_attention import paged_attention  # noqa: E402
 
 from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -100,7 +101,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         sys.exit("paged_attention_bench.py needs a CUDA GPU")
     hq, hkv, d = 32, 8, 128
-    meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, tbps="bytes of K and V read per call / time, TB/s",
+    meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, sms=torch.cuda.get_device_properties(0).multi_processor_count,
+                    default_tma=pa.DEFAULT_TMA, tma_host_descriptors=pa.TMA_HOST_DESCRIPTORS, tbps="bytes of K and V read per call / time, TB/s",
                     timing="triton.testing.do_bench_cudagraph, median of CUDA-graph replays (per-row 'timing' says if not)")
     rows = []
     print(f"{'B':>4s} {'L':>7s} {'block':>5s} {'provider':12s} {'ms':>8s} {'TB/s':>6s}")
@@ -118,10 +120,11 @@ def main(argv=None):
                 lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
                 # checked once (validate=True reads the table back), then timed without the host check
                 got = paged_attention(q, kc, vc, table, lens).float()
+                loop = pa.last_decode_loop  # which decode loop the default ran (v1, or v3 with TMA)
                 diff = float((got - want).abs().max())
                 ms, how = bench_ms(lambda: paged_attention(q, kc, vc, table, lens, validate=False))
                 rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", "ms": ms, "timing": how,
-                             "tbps": tbps(kv_bytes, ms), "max_abs_diff_vs_sdpa": diff})
+                             "tbps": tbps(kv_bytes, ms), "max_abs_diff_vs_sdpa": diff, "loop": loop})
                 print(f"{B:4d} {L:7d} {bs:5d} {'minillm':12s} {ms:8.3f} {rows[-1]['tbps']:6.2f}  diff {diff:.1e}",
                       flush=True)
                 sweeps = []

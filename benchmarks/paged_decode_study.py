@@ -36,7 +36,8 @@ default all), one JSON:
   --layout-tiles x --layout-warps x --layout-stages at the default splits, and the pieces of an "hnd" call.
 * ``tma``: the v3 loop (``tma=True``: one block per step, its K and V copied whole by TMA) against v1,
   both at the default configuration, then, at B >= --tma-sweep-min-batch, v3 over split counts (one, half
-  the default, the default) x --tma-warps x --tma-stages. One split needs no merge launch at all, if
+  the default, the default) x --tma-warps x --tma-stages, with v3's two descriptors built by every program in the kernel
+  and/or made once on the host (--tma-host, ``TMA_HOST_DESCRIPTORS``). One split needs no merge launch at all, if
   one program per (sequence, KV head) can stream fast enough on its own.
 * ``sdpa``: SDPA FLASH and cuDNN on a contiguous (B, Hkv, L, D) copy of the same K and V, same run.
 
@@ -125,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--layout-stages", type=int, nargs="+", default=[2, 3], help="layout: hnd num_stages")
     ap.add_argument("--tma-warps", type=int, nargs="+", default=[4, 8], help="tma: v3's num_warps")
     ap.add_argument("--tma-stages", type=int, nargs="+", default=[2, 3, 4], help="tma: v3's num_stages")
+    ap.add_argument("--tma-host", type=int, nargs="+", default=[0], choices=[0, 1],
+                    help="tma: v3's descriptors built in the kernel (0) and/or made on the host (1)")
     ap.add_argument("--tma-sweep-min-batch", type=int, default=16, help="tma: sweep v3 at batches from this on")
     ap.add_argument("--loop-merges", nargs="+", default=["launch"], choices=list(pa.MERGES),
                     help="loops: merges where there are splits")
@@ -293,13 +296,21 @@ def main(argv=None):
                     row = {**base, "part": "tma", "table": tname, "num_warps": None, "num_stages": None,
                            "merge": pa.DEFAULT_MERGE}
                     measure({**row, "loop": "v1"}, kc, vc, table, None, None, None, tma=False)
-                    measure({**row, "loop": "v3"}, kc, vc, table, None, None, None, tma=True, tile=bs)
-                    if B >= args.tma_sweep_min_batch:
-                        for n in sorted({1, max(1, splits // 2), splits}):
-                            for w in args.tma_warps:
-                                for st in args.tma_stages:
-                                    measure({**row, "loop": "v3", "num_warps": w, "num_stages": st, "num_splits": n},
-                                            kc, vc, table, w, st, None, tma=True, tile=bs, num_splits=n)
+                    for host in args.tma_host:
+                        pa.TMA_HOST_DESCRIPTORS = bool(host)
+                        try:
+                            row["host_desc"] = bool(host)
+                            measure({**row, "loop": "v3"}, kc, vc, table, None, None, None, tma=True, tile=bs)
+                            if B < args.tma_sweep_min_batch:
+                                continue
+                            for n in sorted({1, max(1, splits // 2), splits}):
+                                for w in args.tma_warps:
+                                    for st in args.tma_stages:
+                                        measure({**row, "loop": "v3", "num_warps": w, "num_stages": st,
+                                                 "num_splits": n}, kc, vc, table, w, st, None, tma=True, tile=bs,
+                                                num_splits=n)
+                        finally:
+                            pa.TMA_HOST_DESCRIPTORS = False
                 del kc, vc
                 if "layout" in parts:
                     for lay in ("nhd", "hnd"):
@@ -358,6 +369,11 @@ def main(argv=None):
             t1 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v1")
             t3 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and "num_splits" not in r)
             t3s = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3")
+            for host in (False, True):
+                h = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and r.get("host_desc") is host)
+                if h:
+                    print(f"    tma, descriptors {'on the host' if host else 'in the kernel'}: best {f(h)} "
+                          f"(config {h['config']}, splits {h.get('num_splits', h['default_splits'])})", flush=True)
             if t1 and t3:
                 print(f"    tma: v1 {f(t1)} v3 {f(t3)} | best v3 {f(t3s)} (config {t3s['config']}, splits "
                       f"{t3s.get('num_splits', t3s['default_splits'])}) | /sdpa "

@@ -200,11 +200,13 @@ def test_paged_attention_kernel_prefetch_loop_never_reads_outside_the_pool(rng):
     np.testing.assert_allclose(out[0], paged_reference(q, kc, vc, table, lens)[0], atol=2e-5)
 
 
+@pytest.mark.parametrize("host_desc", [False, True])
 @pytest.mark.parametrize("block_size,num_splits", [(16, 1), (16, 3), (32, 2), (64, 1), (16, 7)])
-def test_paged_attention_kernel_tma_loop_matches_pipelined_loop(block_size, num_splits, rng):
-    """v3 (one block per step, copied by TMA) against v1 with the same tile and the reference: lengths of one
-    token, a block's worth, across splits and ending inside a block, so both the unmasked steps and the
-    masked last one run."""
+def test_paged_attention_kernel_tma_loop_matches_pipelined_loop(block_size, num_splits, host_desc, rng, monkeypatch):
+    """v3 (one block per step, copied by TMA; its descriptors built in the kernel or on the host) against v1
+    with the same tile and the reference: lengths of one token, a block's worth, across splits and ending
+    inside a block, so both the unmasked steps and the masked last one run."""
+    monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host_desc)
     arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=block_size, lens=(1, 13, 150, 64), B=4,
                           num_blocks=80)
     args = to_torch(arrays, torch.float32)
@@ -219,9 +221,11 @@ def test_paged_attention_kernel_tma_loop_matches_pipelined_loop(block_size, num_
         np.testing.assert_allclose(v3, v1, atol=2e-5)
 
 
-def test_paged_attention_kernel_tma_loop_reads_a_head_major_pool(rng):
+@pytest.mark.parametrize("host_desc", [False, True])
+def test_paged_attention_kernel_tma_loop_reads_a_head_major_pool(host_desc, rng, monkeypatch):
     """v3 reads a (num_blocks, Hkv, block_size, D) pool through its permuted view: each block of one head is
     one box there too."""
+    monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host_desc)
     args = to_torch(random_paged(rng, Hq=8, Hkv=4, D=32, block_size=16, lens=(7, 100), B=2, num_blocks=20),
                     torch.float32)
     q, kc, vc, table, lens = args
@@ -316,6 +320,8 @@ def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_hea
     q, kc, vc, table, ln = (a.astype(np.float16).astype(np.float64) if a.dtype == np.float32 else a for a in arrays)
     np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, ln), atol=TOL[torch.float16])
     paged_attention(*args, tma=False)
+    assert pa.last_decode_loop == "v1"
+    paged_attention(*args, tile=32)  # a tile that is not the block size asks for v1's loop
     assert pa.last_decode_loop == "v1"
 
 

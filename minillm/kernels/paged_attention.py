@@ -24,6 +24,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 try:  # programmatic dependent launch from Python: Triton 3.4 and later
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # older Triton: pdl= is ignored (_has_pdl says no)
@@ -38,6 +39,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
+TMA_HOST_DESCRIPTORS = False  # v3's two descriptors made on the host and passed in (else built in the kernel)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
@@ -50,7 +52,7 @@ _pdl_ok: dict[torch.device, bool] = {}  # per device: programmatic dependent lau
 @triton.jit
 def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKETS, qk_scale, split_len,
                          sqb, sqh, skb, sks, skh, svb, svs, svh, stb, max_blocks, num_splits,
-                         Hq, Hkv, GROUP, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         Hq, Hkv, GROUP, num_blocks, K_DESC, V_DESC, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_D: tl.constexpr, GROUP_PAD: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr,
                          SPLITS_PAD: tl.constexpr, DIRECT: tl.constexpr, TICKET: tl.constexpr,
                          PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False,
@@ -74,8 +76,8 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
     if TMA:  # v3: one block per step, copied by the tensor-memory accelerator (TILE == BLOCK_SIZE)
-        m, l, acc = _decode_loop_tma(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
-                                     svb, svs, svh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE,
+        m, l, acc = _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, end, qk_scale,
+                                     skb, sks, skh, svb, svs, svh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE,
                                      HEAD_DIM=HEAD_DIM, IEEE=IEEE)
     elif PREFETCH:  # v2: the loads run ahead of the math by hand
         m, l, acc = _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
@@ -247,8 +249,8 @@ def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_sca
 
 
 @triton.jit
-def _decode_loop_tma(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh, svb, svs, svh,
-                     stb, max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
+                     svb, svs, svh, stb, max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
                      IEEE: tl.constexpr):
     """v3 of the decode loop: one cache block per step, its K and V copied whole by TMA.
 
@@ -256,11 +258,17 @@ def _decode_loop_tma(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, s
     block size), and its keys and values are each one box of a tensor descriptor: a single thread issues
     the copy, the data lands in shared memory, and Triton's pipeliner keeps the next steps' copies in
     flight (num_stages) while this one computes. The full blocks of the split run unmasked; the last, which
-    may run past the sequence's end, masked (``start`` is block-aligned: a split is whole tiles).
+    may run past the sequence's end, masked (``start`` is block-aligned: a split is whole tiles). The two
+    descriptors come from the host (K_DESC, V_DESC: ``TMA_HOST_DESCRIPTORS``) or are built here, by every
+    program, in scratch memory.
     """
     # BEGIN SOLUTION
-    k_desc = _block_descriptor(KC, num_blocks, skb, sks, skh, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM)
-    v_desc = _block_descriptor(VC, num_blocks, svb, svs, svh, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM)
+    if K_DESC is None:
+        k_desc = _block_descriptor(KC, num_blocks, skb, sks, skh, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM)
+        v_desc = _block_descriptor(VC, num_blocks, svb, svs, svh, BLOCK_SIZE=BLOCK_SIZE, HEAD_DIM=HEAD_DIM)
+    else:
+        k_desc = K_DESC
+        v_desc = V_DESC
     full_end = start + tl.maximum(end - start, 0) // BLOCK_SIZE * BLOCK_SIZE
     for t0 in tl.range(start, full_end, BLOCK_SIZE):
         m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_scale, skb, sks,
@@ -391,7 +399,11 @@ def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     and 3 stages."""
     if INTERPRETED or not DEFAULT_TMA:
         return False
-    sms = _num_sms(device)
+    return tma_rule(batch, hkv, block_size, _num_sms(device))
+
+
+def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
+    """:func:`prefers_tma`'s rule on a GPU with ``sms`` SMs (the switch and the interpreter aside)."""
     return block_size >= 64 and sms // 2 < batch * hkv <= sms
 
 
@@ -519,7 +531,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"prefetch must be None, False or True, got {prefetch!r}")
     if tma not in (None, False, True):
         raise ValueError(f"tma must be None, False or True, got {tma!r}")
-    use_tma = prefers_tma(B, Hkv, block_size, q.device) and not prefetch if tma is None else tma
+    if tma is None:  # the default's rule, unless the knobs asked for another loop (prefetch) or tile
+        use_tma = prefers_tma(B, Hkv, block_size, q.device) and not prefetch and tile in (None, block_size)
+    else:
+        use_tma = tma
     if use_tma and prefetch:
         raise ValueError("tma=True and prefetch=True pick two different loops; pass one")
     if use_tma:
@@ -567,7 +582,12 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     use_prefetch = (DEFAULT_PREFETCH if prefetch is None else bool(prefetch)) and not use_tma
-    if use_tma and not INTERPRETED:
+    k_desc = v_desc = None
+    if use_tma and TMA_HOST_DESCRIPTORS:  # 2-D views with rows one slot apart, (block_size, D) boxes
+        sb, ss = k_cache.stride(0), k_cache.stride(1)
+        rows = num_blocks * (sb // ss)
+        k_desc, v_desc = (TensorDescriptor(c, [rows, ss], [ss, 1], [block_size, D]) for c in (k_cache, v_cache))
+    elif use_tma and not INTERPRETED:
         _ensure_allocator()  # the descriptors are built in the kernel, in scratch memory from torch
     global last_decode_kernel, last_decode_loop
     last_decode_loop = "v3" if use_tma else "v2" if use_prefetch else "v1"
@@ -575,7 +595,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         _paged_decode_kernel, (B, Hkv, splits),
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, tickets, scale * 1.4426950408889634, split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
-        block_table.shape[1], splits, Hq, Hkv, group, num_blocks, BLOCK_SIZE=block_size,
+        block_table.shape[1], splits, Hq, Hkv, group, num_blocks, k_desc, v_desc, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(group)), TILE=tile,
         IEEE=q.dtype == torch.float32, SPLITS_PAD=splits_pad, DIRECT=direct, TICKET=ticket,
         PREFETCH=use_prefetch, PDL=use_pdl, PDL_EARLY=use_pdl and pdl == "early", TMA=use_tma, **launch)
