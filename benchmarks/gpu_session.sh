@@ -35,6 +35,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-c")    # paged: v3 the default at B=16, grid
 #                run(command="bash benchmarks/gpu_session.sh kernels13-d")    #   the grid again (kernels13-c's stopped)
 #                run(command="bash benchmarks/gpu_session.sh kernels13-e")    #   v3: descriptors made on the host
+#                run(command="bash benchmarks/gpu_session.sh kernels13-f")    #   host descriptors on: grid, elsewhere
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -475,6 +476,17 @@ kernels13-e)  # issue 12: v3 at B=16 streams at cuDNN's rate with a larger fixed
       --lengths 1024 4096 16384 --tma-host 0 1 --tma-warps 4 --tma-stages 3 --tma-sweep-min-batch 12 \
       --out "$OUT/paged_decode_tma_host_bs${bs}_h200.json" > "$OUT/paged_decode_tma_host_bs${bs}_h200.txt" 2>&1
     echo "host bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_host_bs${bs}_h200.txt"
+  done ;;
+kernels13-f)  # issue 12: v3 with host descriptors the default at B*Hkv in (SMs/2, SMs] with 64+-token blocks: its tests,
+  # the recorded paged grid, and v3 where the rule does not pick it (B 1/32/64, block sizes 128 and 64)
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_paged_attention.py -k "tma or default" 2>&1 | tail -1
+  timeout 170 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -v "num_splits\|tile=" "$OUT/paged_attention_h200.txt"
+  for bs in 128 64; do
+    timeout 100 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size $bs --batches 1 32 64 \
+      --lengths 1024 4096 --tma-host 1 --tma-warps 4 --tma-stages 3 --tma-sweep-min-batch 1 \
+      --out "$OUT/paged_decode_tma_others_bs${bs}_h200.json" > "$OUT/paged_decode_tma_others_bs${bs}_h200.txt" 2>&1
+    echo "others bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_others_bs${bs}_h200.txt"
   done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,

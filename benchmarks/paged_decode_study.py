@@ -183,7 +183,8 @@ def main(argv=None):
 
             def measure(row, kc, vc, table, warps, stages, merge, **knobs):
                 """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
-                cfg = (warps if warps is not None else default_cfg[0], stages if stages is not None else default_cfg[1])
+                dcfg = (4, 3) if knobs.get("tma") else default_cfg  # v3's own default launch configuration
+                cfg = (warps if warps is not None else dcfg[0], stages if stages is not None else dcfg[1])
                 if knobs.get("prefetch"):  # v2's loop does not pipeline: the stages do not apply
                     cfg = (cfg[0], None)
                 row["config"] = list(cfg)

@@ -303,6 +303,11 @@ def test_prefers_tma_one_program_per_sm_with_big_blocks(batch, hkv, block_size, 
     assert pa.prefers_tma(batch, hkv, block_size, "cuda") is False
 
 
+@pytest.mark.parametrize("block_size,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
+def test_tma_splits_from_the_study(block_size, max_len, want):
+    assert pa.tma_splits(block_size, max_len) == want
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_head(rng):

@@ -39,7 +39,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
-TMA_HOST_DESCRIPTORS = False  # v3's two descriptors made on the host and passed in (else built in the kernel)
+TMA_HOST_DESCRIPTORS = True  # v3's two descriptors made on the host and passed in (else built in every program)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
 DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: the H200 study timed "ticket" slower
@@ -402,6 +402,13 @@ def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     return tma_rule(batch, hkv, block_size, _num_sms(device))
 
 
+def tma_splits(block_size: int, max_len: int) -> int:
+    """v3's split count where batch * Hkv passes half the SMs, from the same study (host descriptors): with
+    128-token blocks one split was fastest at every length (one program per (sequence, KV head) streams at
+    cuDNN's rate, and nothing is merged); with 64-token blocks one split at L=1K and two from L=4K on."""
+    return 1 if block_size >= 128 or max_len < 4096 else 2
+
+
 def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
     """:func:`prefers_tma`'s rule on a GPU with ``sms`` SMs (the switch and the interpreter aside)."""
     return block_size >= 64 and sms // 2 < batch * hkv <= sms
@@ -551,7 +558,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     if num_splits:
         splits = num_splits
     elif use_tma and not INTERPRETED and B * Hkv > _num_sms(q.device) // 2:
-        splits = 1  # v3 with about a program per SM: one split streams at full rate, and nothing to merge
+        splits = tma_splits(block_size, max_len)  # about a program per SM already: one or two splits
     else:
         splits = default_splits(B, Hkv, max_len, q.device)
     merge = DEFAULT_MERGE if merge is None else merge
