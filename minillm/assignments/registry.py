@@ -185,7 +185,18 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
          Part("kernels/paged_attention.py", "_decode_loop_prefetch",
               "v2 of the loop (prefetch=True): load the first tile and the next tile's table entries before the "
               "loop; in each step issue the next tile's K/V and the table entries two tiles ahead, then do this "
-              "tile's online-softmax step", stretch=True)),
+              "tile's online-softmax step", stretch=True),
+         Part("kernels/paged_attention.py", "_block_descriptor",
+              "a 2-D tensor descriptor over a pool: rows one slot apart (stride ss), as many as the pool holds, "
+              "(BLOCK_SIZE, HEAD_DIM) boxes", stretch=True),
+         Part("kernels/paged_attention.py", "_decode_step_tma",
+              "one block of v3 (tma=True): its table entry, the box of its K and V at the block-and-head's "
+              "element offset (row = offset // ss, column = offset % ss), the online-softmax step; an entry "
+              "outside the pool weighs nothing, and MASKED masks scores past end and zeroes those value rows",
+              stretch=True),
+         Part("kernels/paged_attention.py", "_decode_loop_tma",
+              "v3 of the loop: the descriptors (K_DESC / V_DESC from the host, or built here), the split's full "
+              "blocks unmasked, then its last block masked if it runs past end", stretch=True)),
         (5, 8),
         "The allocator keeps its invariants under random operation sequences, forks copy exactly one block "
         "on write, and the kernel matches the NumPy paged reference.",

@@ -39,6 +39,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
+TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
+TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise
 TMA_HOST_DESCRIPTORS = True  # v3's two descriptors made on the host and passed in (else built in every program)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
@@ -392,8 +394,8 @@ def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     table). v3 keeps whole blocks in flight, so one program per (sequence, KV head) streams fast enough
     on its own, and a single split needs no merge launch and no partials. That wins where batch * Hkv
     alone about fills the SMs (more than half of them, at most all: B=16 there) with blocks of 64 tokens
-    or more. With 16-token blocks a step is too small (v3 ran at 0.53-0.70x v1 at the defaults, its best
-    configuration at B >= 16 at most 0.85x); with many
+    or more. With 16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best
+    configuration at B >= 16 at most 0.87x); with many
     more programs than SMs v1 already runs one split and won or tied; below half the SMs one split
     leaves SMs idle and v1 splits. The sweeps behind ``decode_config`` hold for v1 only; v3 runs 4 warps
     and 3 stages."""
@@ -411,7 +413,7 @@ def tma_splits(block_size: int, max_len: int) -> int:
 
 def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
     """:func:`prefers_tma`'s rule on a GPU with ``sms`` SMs (the switch and the interpreter aside)."""
-    return block_size >= 64 and sms // 2 < batch * hkv <= sms
+    return block_size >= TMA_MIN_BLOCK and sms // 2 < batch * hkv <= sms
 
 
 def split_plan(max_len: int, splits: int, tile: int) -> tuple[int, int]:
@@ -566,7 +568,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
-    table_warps, table_stages = (4, 3) if use_tma else decode_config(B, Hkv, max_len)
+    table_warps, table_stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
     stages = num_stages if num_stages is not None else table_stages
     if stages is not None:

@@ -233,3 +233,22 @@ def test_triton_paged_decode_prefetch_loop(rng, tile, bs, splits):
     got = _triton(q, kc, vc, table, lens, prefetch=True, tile=tile, num_splits=splits)
     np.testing.assert_allclose(got, paged_attention(q, kc, vc, table, lens), rtol=1e-4, atol=1e-5)
 
+
+@pytest.mark.stretch
+@pytest.mark.parametrize("bs, splits", [(16, 1), (16, 3), (32, 2)])
+def test_triton_paged_decode_tma_loop(rng, bs, splits):
+    """Stretch: v3 of the loop (tma=True: one block per step, copied whole) with one-token sequences, sequences
+    ending inside a block, and slots past every sequence's end holding NaN."""
+    hq, hkv, d, nb = 8, 2, 16, 40
+    lens = np.array([1, 37, 70], np.int32)
+    q = rng.normal(size=(3, hq, d)).astype(np.float32)
+    kc, vc = (rng.normal(size=(nb, bs, hkv, d)).astype(np.float32) for _ in range(2))
+    need = int(np.ceil(lens.max() / bs))
+    table = rng.permutation(nb)[:3 * need].reshape(3, need).astype(np.int32)  # no block shared
+    want = paged_attention(q, kc, vc, table, lens)
+    for b, n in enumerate(lens):  # what lies past a sequence's end must not reach its output
+        if n % bs:
+            kc[table[b, n // bs], n % bs:] = np.nan
+            vc[table[b, n // bs], n % bs:] = np.nan
+    got = _triton(q, kc, vc, table, lens, tma=True, num_splits=splits)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
