@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, run_meta, write_results  # noqa: E402
+from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -87,12 +87,18 @@ def main(argv=None):
     ap.add_argument("--impls", nargs="+", default=["v1"], choices=fa.FWD_IMPLS)
     ap.add_argument("--causal", nargs="+", default=["False", "True"], choices=["False", "True"])
     ap.add_argument("--only", nargs="*", help="impl:BM,BN,warps,stages[xP] specs to try instead of the lists")
+    ap.add_argument("--host-desc", type=int, nargs="+", default=[0], choices=[0, 1],
+                    help="TMA versions: descriptors built in the kernel (0) and/or made on the host (1)")
+    ap.add_argument("--cudagraph", action="store_true",
+                    help="time every provider by CUDA-graph replays (no host launch cost in any time)")
     ap.add_argument("--repeats", type=int, default=10, help="fresh-input rechecks of each warp-specialized config")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_tune.py needs a CUDA GPU")
     B, H = 4, 32
-    meta = run_meta(dtype="bfloat16", B=B, H=H, timing="triton.testing.do_bench, return_mode=median",
+    timer = median_ms_cudagraph if args.cudagraph else median_ms
+    meta = run_meta(dtype="bfloat16", B=B, H=H, timing=("triton.testing.do_bench_cudagraph" if args.cudagraph
+                                                        else "triton.testing.do_bench") + ", return_mode=median",
                     flops="4*B*H*N^2*D (x0.5 causal)")
     rows = []
 
@@ -114,14 +120,15 @@ def main(argv=None):
                     def run_sdpa():
                         with sdpa_kernel(backend):
                             return sdpa(q, k, v, is_causal=causal)
-                    ms = median_ms(run_sdpa)
+                    ms = timer(run_sdpa)
                     save({"D": d, "N": n, "causal": causal, "provider": name, "ms": ms,
                           "tflops": flops / (ms * 1e-3) / 1e12})
                     print(f"{d:4d} {n:6d} {str(causal):>6s} {name}: {rows[-1]['tflops']:8.1f}", flush=True)
-                for impl in args.impls:
-                    for cfg, per_sm in candidates(impl, d, args.only):
+                for impl, cfg, per_sm, host in ((i, c, p, h) for i in args.impls for c, p in candidates(i, d, args.only)
+                                                for h in (args.host_desc if i != "v1" else [0])):
+                        fa.TMA_HOST_DESCRIPTORS = bool(host)
                         row = {"D": d, "N": n, "causal": causal, "provider": "minillm", "impl": impl,
-                               "config": cfg, "programs_per_sm": per_sm}
+                               "config": cfg, "programs_per_sm": per_sm, "host_desc": bool(host)}
                         run = lambda: fa._forward(q, k, v, causal, d ** -0.5, config=cfg, impl=impl,  # noqa: E731
                                                   programs_per_sm=per_sm, need_lse=False)
                         try:
@@ -135,7 +142,7 @@ def main(argv=None):
                             if impl in ("v3", "v5") and row["ok"]:  # a warp-specialization race shows up as
                                 row["repeat_diffs"] = repeat_check(d, n, causal, cfg, impl, per_sm, args.repeats)
                                 row["ok"] = max(row["repeat_diffs"]) < 2e-2  # a rare wrong result: recheck
-                            ms = median_ms(run)
+                            ms = timer(run)
                             row.update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
                         except Exception as e:  # out of resources, a compile error: record, go on
                             row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:160]}")
@@ -144,7 +151,9 @@ def main(argv=None):
                         print(f"{d:4d} {n:6d} {str(causal):>6s} {impl:>4s} {cfg[0]:4d} {cfg[1]:4d} {cfg[2]:5d} "
                               f"{cfg[3]:6d} {per_sm:4d} {row.get('tflops') or float('nan'):8.1f} "
                               f"{row.get('regs') or -1:5d} {row.get('spills') or 0:6d} {(smem or 0) / 1024:8.0f}  "
-                              f"{'ok' if row['ok'] else row.get('error', 'WRONG')[:60]}", flush=True)
+                              f"{'ok' if row['ok'] else row.get('error', 'WRONG')[:60]}"
+                              + ("  host descriptors" if host else ""), flush=True)
+                        fa.TMA_HOST_DESCRIPTORS = False
                 del q, k, v, want
     print("\nbest per point (TFLOP/s; ratio to cuDNN, to FA2):", flush=True)
     for d in args.head_dims:
@@ -153,14 +162,16 @@ def main(argv=None):
                 at = [r for r in rows if r["D"] == d and r["N"] == n and r["causal"] == causal]
                 ref = {r["provider"]: r["tflops"] for r in at if r["provider"] != "minillm"}
                 line = []
-                for impl in args.impls:
-                    good = [r for r in at if r.get("impl") == impl and r.get("ok") and r.get("tflops")]
+                for impl, host in ((i, h) for i in args.impls for h in (args.host_desc if i != "v1" else [0])):
+                    good = [r for r in at if r.get("impl") == impl and r.get("ok") and r.get("tflops")
+                            and r.get("host_desc", False) == bool(host)]
+                    name = impl + ("h" if host else "")
                     if good:
                         b = max(good, key=lambda r: r["tflops"])
-                        line.append(f"{impl} {b['tflops']:.0f} {tuple(b['config'])}x{b['programs_per_sm']} "
+                        line.append(f"{name} {b['tflops']:.0f} {tuple(b['config'])}x{b['programs_per_sm']} "
                                     f"({b['tflops'] / ref['sdpa_cudnn']:.2f}, {b['tflops'] / ref['sdpa_flash']:.2f})")
                     else:
-                        line.append(f"{impl} -")
+                        line.append(f"{name} -")
                 print(f"D={d} N={n} causal={causal}: cudnn {ref['sdpa_cudnn']:.0f} fa2 {ref['sdpa_flash']:.0f} | "
                       + " | ".join(line), flush=True)
 

@@ -36,6 +36,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-d")    #   the grid again (kernels13-c's stopped)
 #                run(command="bash benchmarks/gpu_session.sh kernels13-e")    #   v3: descriptors made on the host
 #                run(command="bash benchmarks/gpu_session.sh kernels13-f")    #   host descriptors on: grid, elsewhere
+#                run(command="bash benchmarks/gpu_session.sh kernels13-g")    # flash forward: host descriptors
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -488,6 +489,20 @@ kernels13-f)  # issue 12: v3 with host descriptors the default at B*Hkv in (SMs/
       --out "$OUT/paged_decode_tma_others_bs${bs}_h200.json" > "$OUT/paged_decode_tma_others_bs${bs}_h200.txt" 2>&1
     echo "others bs$bs rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_others_bs${bs}_h200.txt"
   done ;;
+kernels13-g)  # issue 12: the paged v3 loop gained most from descriptors made on the host; the flash forward's TMA
+  # versions build four per tile in the kernel. Where the forward misses cuDNN (causal d=128 at 1K/4K, causal d=64
+  # at 1K): v1 against the TMA versions with descriptors built in the kernel and made on the host, all providers
+  # timed by CUDA-graph replays in one process; the host-descriptor tests compiled
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k host_desc 2>&1 | tail -1
+  timeout 150 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 1024 4096 \
+    --impls v1 v2 v4 --host-desc 0 1 --cudagraph --only v1:64,64,4,3 v1:128,64,8,3 v2:128,128,8,3 v2:128,64,8,3 \
+    v4:128,64,8,3x1 --out "$OUT/flash_attention_tune_hostdesc128_h200.json" \
+    > "$OUT/flash_attention_tune_hostdesc128_h200.txt" 2>&1; echo "d128 rc=$?"
+  sed -n '/^best per point/,$p' "$OUT/flash_attention_tune_hostdesc128_h200.txt"
+  timeout 90 python3 benchmarks/flash_attention_tune.py --head-dims 64 --causal True --seq-lens 1024 \
+    --impls v1 v2 v4 --host-desc 0 1 --cudagraph --only v1:64,64,4,3 v2:128,64,4,3 v2:64,64,4,3 v4:128,64,4,3x1 \
+    --out "$OUT/flash_attention_tune_hostdesc64_h200.json" > "$OUT/flash_attention_tune_hostdesc64_h200.txt" 2>&1
+  echo "d64 rc=$?"; sed -n '/^best per point/,$p' "$OUT/flash_attention_tune_hostdesc64_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

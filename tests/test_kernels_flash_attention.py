@@ -187,6 +187,33 @@ def test_forward_lse_store_variants_match_reference(impl, lse_store):
     torch.testing.assert_close(o.double(), torch.softmax(s, -1) @ v.double(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [64, 68])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("impl", ["v2", "v3", "v4", "v5"])
+def test_forward_host_descriptors_match_kernel_built_ones(impl, causal, n, monkeypatch):
+    """TMA_HOST_DESCRIPTORS: descriptors made on the host over the flattened tensors (n = 64: every tile inside one
+    head) give the output and LSE of the per-head descriptors built in the kernel, with GQA; where a tile would
+    cross into the next head (n = 68) the call keeps the kernel-built ones. Bit for bit in the interpreter."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(2, 4, 2, n, n, 32, torch.float32, seed=5)
+    tiles = None if fa.INTERPRETED else (64, 64, 4, 2)  # compiled: tiles that divide 64
+    monkeypatch.setattr(fa, "TMA_HOST_DESCRIPTORS", False)
+    want, want_lse = fa._forward(q, k, v, causal, 32 ** -0.5, impl=impl, config=tiles, lse_store=2)
+    monkeypatch.setattr(fa, "TMA_HOST_DESCRIPTORS", True)
+    got, lse = fa._forward(q, k, v, causal, 32 ** -0.5, impl=impl, config=tiles, lse_store=2)
+    if fa.INTERPRETED:
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+    else:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+    s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) * 32 ** -0.5
+    if causal:
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("programs_per_sm", [1, 3])
 def test_forward_persistent_grid_covers_every_tile(programs_per_sm):
     """Persistent grids of 4 and 12 programs (the interpreter counts 4 SMs) over 30 tiles: each program

@@ -38,6 +38,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..attention import check_attention_inputs
 from . import INTERPRETED, check_placement, check_tensors
@@ -208,12 +209,13 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
+def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
-    """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros)."""
+    """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros); ``kv_row`` is
+    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors)."""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
-        kt = k_desc.load([start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
+        kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
         s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
         if MASKED:
             cols = start + tl.arange(0, BLOCK_N)
@@ -230,7 +232,7 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, lo, hi, Nk, offset, qk_sc
             p = tl.exp2(s * qk_scale - m_shift[:, None])
         alpha = tl.exp2(m - m_shift)
         l = l * alpha + tl.sum(p, axis=1)
-        v = v_desc.load([start, 0])
+        v = v_desc.load([kv_row + start, 0])
         acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
         m = m_new
     return acc, l, m
@@ -241,40 +243,55 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  LSE_STORE: tl.constexpr = 0):
-    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. ``LSE_STORE``:
+                  LSE_STORE: tl.constexpr = 0, Q_DESC=None, K_DESC=None, V_DESC=None, O_DESC=None, LSE_DESC=None):
+    """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. The descriptors come
+    from the host (Q_DESC...: over the flattened (B * heads * N, D) tensors, whose rows of one head start at
+    head * N; ``TMA_HOST_DESCRIPTORS``) or are built here per (batch, head), every tile. ``LSE_STORE``:
     0 stores the LSE through pointers built from the row offsets computed before the loop, 1 through
     offsets recomputed after it, 2 through a 1-D tensor descriptor, the only one of the three that warp
     specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
-    q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Nq, HEAD_DIM], strides=[sqn, 1],
-                                       block_shape=[BLOCK_M, BLOCK_D])
-    k_desc = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Nk, HEAD_DIM], strides=[skn, 1],
-                                       block_shape=[BLOCK_N, BLOCK_D])
-    v_desc = tl.make_tensor_descriptor(V + b * svb + hk * svh, shape=[Nk, HEAD_DIM], strides=[svn, 1],
-                                       block_shape=[BLOCK_N, BLOCK_D])
-    o_desc = tl.make_tensor_descriptor(O + b * sob + h * soh, shape=[Nq, HEAD_DIM], strides=[son, 1],
-                                       block_shape=[BLOCK_M, BLOCK_D])
+    if Q_DESC is None:
+        q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, shape=[Nq, HEAD_DIM], strides=[sqn, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        k_desc = tl.make_tensor_descriptor(K + b * skb + hk * skh, shape=[Nk, HEAD_DIM], strides=[skn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(V + b * svb + hk * svh, shape=[Nk, HEAD_DIM], strides=[svn, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        o_desc = tl.make_tensor_descriptor(O + b * sob + h * soh, shape=[Nq, HEAD_DIM], strides=[son, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        q_row = 0
+        kv_row = 0
+    else:  # the host checked: contiguous tensors, Nq % BLOCK_M == Nk % BLOCK_N == 0 (no tile crosses a head)
+        q_desc = Q_DESC
+        k_desc = K_DESC
+        v_desc = V_DESC
+        o_desc = O_DESC
+        q_row = bh * Nq
+        kv_row = ((bh // H) * (H // GROUP) + hk) * Nk  # int32, as descriptor coordinates must be
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
-    q = q_desc.load([m0, 0])
+    q = q_desc.load([q_row + m0, 0])
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, 0, full, Nk, offset, qk_scale, BLOCK_N,
-                               False, CAUSAL, IEEE, WS)
+    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
+                               BLOCK_N, False, CAUSAL, IEEE, WS)
     if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, rows, full, hi, Nk, offset, qk_scale, BLOCK_N,
-                                   True, CAUSAL, IEEE, False)
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
+                                   BLOCK_N, True, CAUSAL, IEEE, False)
     o, lse = _normalize(acc, l, m)
-    o_desc.store([m0, 0], o.to(O.dtype.element_ty))
+    o_desc.store([q_row + m0, 0], o.to(O.dtype.element_ty))
     if LSE_STORE == 2:
-        lse_desc = tl.make_tensor_descriptor(LSE + bh * Nq, shape=[Nq], strides=[1], block_shape=[BLOCK_M])
-        lse_desc.store([m0], lse)
+        if LSE_DESC is None:
+            lse_desc = tl.make_tensor_descriptor(LSE + bh * Nq, shape=[Nq], strides=[1], block_shape=[BLOCK_M])
+            lse_desc.store([m0], lse)
+        else:
+            LSE_DESC.store([q_row + m0], lse)
     elif LSE_STORE == 1:
         rows_out = m0 + tl.arange(0, BLOCK_M)
         tl.store(LSE + bh * Nq + rows_out, lse, mask=rows_out < Nq)
@@ -284,7 +301,8 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 
 @triton.jit
 def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NUM_TILES,
-                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC,
+                    LSE_DESC,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
                     PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0):
@@ -300,14 +318,16 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                 bh = t // NUM_M_TILES
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE,
+                          Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC)
     else:
         pid_m = tl.program_id(0)
         if CAUSAL:
             pid_m = tl.num_programs(0) - 1 - pid_m
         _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE,
+                      Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -368,6 +388,10 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # 0 of 16 calls wrong, against 16 of 16 for 0 and 1). With 0 here, fwd_plan never gives v5 to a call that
 # needs the LSE, and an explicit v3/v5 there runs v2/v4.
 WS_LSE_STORE = 2
+# The TMA versions' descriptors: made once per call on the host (over the flattened tensors) where the tensors are
+# contiguous and the tiles divide the lengths, instead of four or five per tile in the kernel. Off until measured;
+# while on, calls make their descriptors anew (no plans: a plan would keep the old tensors' addresses).
+TMA_HOST_DESCRIPTORS = False
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
@@ -454,7 +478,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     plan_key = None
-    if (PLANS and config is None and programs_per_sm is None and lse_store is None and fast_path_on()
+    if (PLANS and not TMA_HOST_DESCRIPTORS and config is None and programs_per_sm is None and lse_store is None
+            and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE)
     o = torch.empty_like(q)
@@ -500,8 +525,15 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
+        descs = (None,) * 5
+        if TMA_HOST_DESCRIPTORS and all(t.is_contiguous() for t in (q, k, v, o)) and Nq % bm == 0 and Nk % bn == 0:
+            descs = (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
+                     TensorDescriptor(k, [k.shape[0] * k.shape[1] * Nk, D], [D, 1], [bn, block_d]),
+                     TensorDescriptor(v, [v.shape[0] * v.shape[1] * Nk, D], [D, 1], [bn, block_d]),
+                     TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
+                     TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
-                    n_m, tiles, *args, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
+                    n_m, tiles, *args, *descs, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
                     LSE_STORE=lse_store, **common)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
