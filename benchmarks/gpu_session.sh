@@ -37,6 +37,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-e")    #   v3: descriptors made on the host
 #                run(command="bash benchmarks/gpu_session.sh kernels13-f")    #   host descriptors on: grid, elsewhere
 #                run(command="bash benchmarks/gpu_session.sh kernels13-g")    # flash forward: host descriptors
+#                run(command="bash benchmarks/gpu_session.sh kernels13-h")    #   the same, d=128 only (device time)
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -503,6 +504,13 @@ kernels13-g)  # issue 12: the paged v3 loop gained most from descriptors made on
     --impls v1 v2 v4 --host-desc 0 1 --cudagraph --only v1:64,64,4,3 v2:128,64,4,3 v2:64,64,4,3 v4:128,64,4,3x1 \
     --out "$OUT/flash_attention_tune_hostdesc64_h200.json" > "$OUT/flash_attention_tune_hostdesc64_h200.txt" 2>&1
   echo "d64 rc=$?"; sed -n '/^best per point/,$p' "$OUT/flash_attention_tune_hostdesc64_h200.txt" ;;
+kernels13-h)  # kernels13-g cut to the causal d=128 points, for the device time left (its tune step checks every
+  # configuration's output against cuDNN's)
+  timeout 170 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 4096 1024 \
+    --impls v1 v2 v4 --host-desc 0 1 --cudagraph --only v1:64,64,4,3 v1:128,64,8,3 v2:128,128,8,3 \
+    v4:128,64,8,3x1 --out "$OUT/flash_attention_tune_hostdesc128_h200.json" \
+    > "$OUT/flash_attention_tune_hostdesc128_h200.txt" 2>&1; echo "d128 rc=$?"
+  grep -E "^ *128 " "$OUT/flash_attention_tune_hostdesc128_h200.txt"; sed -n '/^best per point/,$p' "$OUT/flash_attention_tune_hostdesc128_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
