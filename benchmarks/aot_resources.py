@@ -140,7 +140,9 @@ def paged(args):
                                            "from . import INTERPRETED, check_placement, check_tensors": STUB,
                                            # the launch helpers are host code: only the @triton.jit kernels are used
                                            "from .launch import cdiv, fast_launch, next_power_of_2":
-                                               "cdiv = fast_launch = next_power_of_2 = None"})
+                                               "cdiv = fast_launch = next_power_of_2 = None",
+                                           "from .flash_attention import _ensure_allocator":
+                                               "_ensure_allocator = None"})
     kern = pa._paged_decode_kernel
     types = {n: "i32" for n in kern.arg_names}
     types.update({n: "*bf16" for n in ("Q", "KC", "VC")})
@@ -149,7 +151,7 @@ def paged(args):
     # bf16, GQA 32/8, D=128, block size 16, 4 splits (B=16 on an H200); merge "launch" or "ticket"
     consts = dict(BLOCK_SIZE=16, HEAD_DIM=128, BLOCK_D=128, GROUP_PAD=16, TILE=64, IEEE=False, SPLITS_PAD=4,
                   DIRECT=False, TICKET=args.merge == "ticket", PREFETCH=False, PDL=False,
-                  PDL_EARLY=False)
+                  PDL_EARLY=False, TMA=False, K_DESC=None, V_DESC=None)
     print(f"merge={args.merge}\n{'warps':>5s} {'stages':>6s} {'regs':>5s} {'stack B':>8s} {'smem KiB':>8s}")
     for w in (2, 4, 8):
         for s in (1, 2, 3, 4):

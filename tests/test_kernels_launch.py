@@ -37,7 +37,15 @@ def _arguments():
             -2**31, -2**31 - 1, 2**62, 2**63, 2**63 + 16, 2**64 - 1, -2**63]
     tensors = [buf, buf[1:], buf[4:], buf[3:], buf.to(torch.float16), buf.to(torch.float16)[8:],
                buf.to(torch.float16)[1:], buf.to(torch.bfloat16), buf.to(torch.int32), buf.to(torch.int64)[1:]]
-    return ints + tensors + [0.5, 1.0, 3.0, True, False, None]
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x, y = torch.zeros(64, 128, dtype=torch.bfloat16), torch.zeros(128, 128, dtype=torch.bfloat16)
+    descs = [TensorDescriptor(x, [64, 128], [128, 1], [16, 128]), TensorDescriptor(y, [128, 128], [128, 1], [16, 128]),
+             TensorDescriptor(x, [60, 128], [128, 1], [16, 128]), TensorDescriptor(x, [64, 128], [128, 1], [32, 128]),
+             TensorDescriptor(x.half(), [64, 128], [128, 1], [16, 128]), TensorDescriptor(x[8:], [56, 128], [128, 1],
+                                                                                         [16, 128]),
+             TensorDescriptor(x.view(-1), [8192], [1], [64])]
+    return ints + tensors + descs + [0.5, 1.0, 3.0, True, False, None]
 
 
 def test_arg_classes_partition_like_triton():
@@ -47,6 +55,15 @@ def test_arg_classes_partition_like_triton():
     theirs = _triton_classes(values)
     for (i, a), (j, b) in itertools.combinations(enumerate(values), 2):
         assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (repr(a)[:40], repr(b)[:40], theirs[i], theirs[j])
+
+
+def test_bind_rejects_host_descriptors_past_the_tensors():
+    """A host TensorDescriptor holds one tensor's address; a Bound would replay it with the next call's tensors."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(16, 16)
+    with pytest.raises(TypeError, match="TensorDescriptor"):
+        launch.bind(None, (1,), 1, x, TensorDescriptor(x, [16, 16], [16, 1], [16, 16]))
 
 
 def test_arg_class_rejects_unknown_types():

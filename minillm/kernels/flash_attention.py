@@ -240,10 +240,10 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offse
 
 @triton.jit
 def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
-                  sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                  sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  LSE_STORE: tl.constexpr = 0, Q_DESC=None, K_DESC=None, V_DESC=None, O_DESC=None, LSE_DESC=None):
+                  LSE_STORE: tl.constexpr = 0):
     """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. The descriptors come
     from the host (Q_DESC...: over the flattened (B * heads * N, D) tensors, whose rows of one head start at
     head * N; ``TMA_HOST_DESCRIPTORS``) or are built here per (batch, head), every tile. ``LSE_STORE``:
@@ -318,16 +318,16 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                 bh = t // NUM_M_TILES
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE,
-                          Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC)
+                          Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE)
     else:
         pid_m = tl.program_id(0)
         if CAUSAL:
             pid_m = tl.num_programs(0) - 1 - pid_m
         _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE,
-                      Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC)
+                      Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -455,6 +455,14 @@ def clear_plans() -> None:
     _plans.clear()
 
 
+class _Launched:
+    """What ``_forward`` keeps of a launch it did not bind (host descriptors): the compiled kernel."""
+    __slots__ = ("compiled",)
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+
 def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
              impl: str | None = None, programs_per_sm: int | None = None, need_lse: bool = True,
              lse_store: int | None = None):
@@ -532,9 +540,12 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(v, [v.shape[0] * v.shape[1] * Nk, D], [D, 1], [bn, block_d]),
                      TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
-        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
-                    n_m, tiles, *args, *descs, EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent,
-                    LSE_STORE=lse_store, **common)
+        more = dict(EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent, LSE_STORE=lse_store,
+                    **common)
+        tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles, *args, *descs)
+        if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
+            return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
+        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
     key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop

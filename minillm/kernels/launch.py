@@ -13,8 +13,8 @@ plain Python from the same rules, and calls its launcher directly on later calls
 of a class goes through ``kernel[grid]`` unchanged (compiling or finding the kernel, raising its
 errors), so a class that Triton would compile differently can never share an entry: two argument
 lists share one when every integer agrees on (== 1, % 16 == 0, its integer type), every tensor on
-(dtype, 16-byte alignment of its data pointer), every float, bool and None on its type, and the
-constexpr keywords are equal. ``tests/test_kernels_launch.py`` checks that partition against
+(dtype, 16-byte alignment of its data pointer), every host ``TensorDescriptor`` on (dtype, box shape),
+every float, bool and None on its type, and the constexpr keywords are equal. ``tests/test_kernels_launch.py`` checks that partition against
 Triton's own specialization function.
 
 The fast path is off in the interpreter, for Triton versions it was not checked on
@@ -34,6 +34,7 @@ import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import INTERPRETED
 
@@ -63,6 +64,9 @@ def _arg_class(a):
         return (a.dtype, a.data_ptr() % 16 == 0)
     if t is float or t is bool or a is None:
         return t
+    if t is TensorDescriptor:  # a host descriptor: Triton keys it by its dtype and box alone (the launcher
+        # turns its base, shape and strides into the TMA descriptor on every launch)
+        return (t, a.base.dtype, tuple(a.block_shape))
     raise TypeError(f"no fast launch for an argument of type {t.__name__}")
 
 
@@ -192,8 +196,9 @@ def bind(kernel, grid: tuple, n_tensors: int, *args, **constexprs) -> Bound:
     """``fast_launch(kernel, grid, *args, **constexprs)``, and a ``Bound`` that repeats it: the first
     ``n_tensors`` arguments are the ones a later call passes anew (they must be the only tensors)."""
     if not all(isinstance(a, torch.Tensor) for a in args[:n_tensors]) or \
-            any(isinstance(a, torch.Tensor) for a in args[n_tensors:]):
-        raise TypeError("bind: tensors must come first, all of them in the first n_tensors arguments")
+            any(isinstance(a, (torch.Tensor, TensorDescriptor)) for a in args[n_tensors:]):
+        raise TypeError("bind: tensors must come first, all of them in the first n_tensors arguments (a host "
+                        "TensorDescriptor holds a tensor's address: launch it with fast_launch, not bind)")
     compiled, entry, device = _launch(kernel, grid, args, constexprs)
     return Bound(kernel, grid, n_tensors, args, constexprs, compiled, entry, device)
 
