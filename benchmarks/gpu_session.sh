@@ -38,6 +38,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-f")    #   host descriptors on: grid, elsewhere
 #                run(command="bash benchmarks/gpu_session.sh kernels13-g")    # flash forward: host descriptors
 #                run(command="bash benchmarks/gpu_session.sh kernels13-h")    #   the same, d=128 only (device time)
+#                run(command="bash benchmarks/gpu_session.sh kernels13-i")    # host descriptors by the fast launch
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -511,6 +512,11 @@ kernels13-h)  # kernels13-g cut to the causal d=128 points, for the device time 
     v4:128,64,8,3x1 --out "$OUT/flash_attention_tune_hostdesc128_h200.json" \
     > "$OUT/flash_attention_tune_hostdesc128_h200.txt" 2>&1; echo "d128 rc=$?"
   grep -E "^ *128 " "$OUT/flash_attention_tune_hostdesc128_h200.txt"; sed -n '/^best per point/,$p' "$OUT/flash_attention_tune_hostdesc128_h200.txt" ;;
+kernels13-i)  # the fast launch path with host descriptors (classed by dtype and box), compiled: the paged v3 tests and
+  # the forward's host-descriptor tests for v2, with the launch tests
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py tests/test_kernels_launch.py \
+    tests/test_kernels_flash_attention.py -k "fast_launch or default_runs_tma or tma_loop_matches or (host_desc and v2) or arg_class" \
+    > "$OUT/kernel_tests_kernels13i.txt" 2>&1; echo "rc=$?"; tail -5 "$OUT/kernel_tests_kernels13i.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -303,6 +303,28 @@ def test_prefers_tma_one_program_per_sm_with_big_blocks(batch, hkv, block_size, 
     assert pa.prefers_tma(batch, hkv, block_size, "cuda") is False
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_paged_attention_kernel_gpu_tma_host_descriptors_take_the_fast_launch(rng):
+    """Compiled: a second v3 call of the same shapes skips Triton's binder (fast_launch classes the host
+    descriptors by dtype and box) and still reads its own caches: the new descriptors carry the new addresses."""
+    from minillm.kernels import launch
+
+    if not launch.fast_path_on():
+        pytest.skip("the fast launch path is off here")
+    outs = []
+    for seed in (1, 2):
+        arrays = random_paged(np.random.default_rng(seed), B=2, Hq=8, Hkv=2, D=64, block_size=64, lens=(70, 200),
+                              num_blocks=10)
+        before = launch.stats["fast"]
+        got = paged_attention(*to_torch(arrays, torch.float16), tma=True).double().cpu().numpy()
+        outs.append((got, arrays, launch.stats["fast"] - before))
+    for got, arrays, _ in outs:
+        q, kc, vc, table, ln = (a.astype(np.float16).astype(np.float64) if a.dtype == np.float32 else a for a in arrays)
+        np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, ln), atol=TOL[torch.float16])
+    assert outs[1][2] >= 1  # the second call's decode launch went through the fast path
+
+
 @pytest.mark.parametrize("block_size,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
 def test_tma_splits_from_the_study(block_size, max_len, want):
     assert pa.tma_splits(block_size, max_len) == want
