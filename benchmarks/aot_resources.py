@@ -83,6 +83,19 @@ def loop_loads(ttgir: str) -> str:
             f"{after} of its {len(issues)} loads and copies issued after the step's last dot")
 
 
+def tma_loop(ttgir: str) -> str:
+    """How v3's main loop (the first scf.for: the unmasked blocks) moves data: TMA copies issued, barrier
+    waits, and how many copies come after the step's last dot (those are the next blocks', in flight while
+    the following steps compute)."""
+    start = ttgir.index("scf.for")
+    body = ttgir[start:ttgir.index("scf.yield", start)]
+    dots = [m.start() for m in re.finditer(r"tt\.dot |ttng\.warp_group_dot ", body)]
+    copies = [m.start() for m in re.finditer(r"ttng\.async_tma_copy_global_to_local", body)]
+    after = sum(c > max(dots) for c in copies) if dots else 0
+    return (f"loop: {len(copies)} TMA copies, {body.count('ttng.wait_barrier')} barrier waits, "
+            f"{after} of the copies issued after the step's last dot")
+
+
 # per backward version: the sweep list in flash_attention_bwd_bench.py, and the kernel's constexprs
 BWD_VERSIONS = {"v2": ("SWEEP", dict(TMA=False, SIDE=0)), "v3": ("SWEEP_TMA", dict(TMA=True, SIDE=0)),
                 "v5": ("SWEEP_ATOMIC", dict(TMA=True, SIDE=1, DQ_ATOMIC=2))}
@@ -158,6 +171,21 @@ def paged(args):
             r = compile_sm90(kern, types, consts, w, s)
             print(f"{w:5d} {s:6d} {r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
                   + (f"  {loop_loads(r['ttgir'])}" if args.ir else ""), flush=True)
+    if args.tma:  # v3 of the loop (TMA=True): one block per step, its K and V boxes through host descriptors
+        print("v3 (TMA=True), host descriptors, one split (DIRECT)")
+        for bs in (64, 128):
+            desc = f"tensordesc<bf16[{bs},128]>"
+            for w in (4, 8):
+                for st in (2, 3, 4):
+                    c3 = {**consts, "BLOCK_SIZE": bs, "TILE": bs, "TMA": True, "DIRECT": True, "SPLITS_PAD": 2}
+                    c3.pop("K_DESC"), c3.pop("V_DESC")
+                    try:
+                        r = compile_sm90(kern, {**types, "K_DESC": desc, "V_DESC": desc}, c3, w, st)
+                        shown = (f"regs {r['regs']} stack {r['stack_bytes']} B smem {r['shared_bytes'] / 1024:.1f} KiB"
+                                 f"  {tma_loop(r['ttgir'])}")
+                    except Exception as e:  # out of shared memory at compile time
+                        shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
+                    print(f"block {bs:3d} warps {w} stages {st}: {shown}", flush=True)
     if args.ir:  # v2 of the loop (prefetch=True) at its tiles and warps; its loop ignores num_stages
         print("v2 (PREFETCH=True), num_stages=1")
         for tile in (32, 64):
@@ -173,6 +201,7 @@ def main(argv=None):
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--impl", choices=list(BWD_VERSIONS), default="v2", help="backward: which version's sweep")
     ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
+    ap.add_argument("--tma", action="store_true", help="paged: also v3 of the loop (TMA, host descriptors)")
     ap.add_argument("--ir", action="store_true", help="paged: also how the main loop moves data (from the TTGIR), "
                     "and v2 of the loop")
     args = ap.parse_args(argv)
