@@ -108,6 +108,7 @@ def main(argv=None):
 
     print(f"{'D':>4s} {'N':>6s} {'causal':>6s} {'impl':>4s} {'BM':>4s} {'BN':>4s} {'warps':>5s} {'stages':>6s} "
           f"{'p/SM':>4s} {'TFLOP/s':>8s} {'regs':>5s} {'spills':>6s} {'smem KiB':>8s}  check", flush=True)
+    host_default = fa.TMA_HOST_DESCRIPTORS
     for d in args.head_dims:
         for causal in (c == "True" for c in args.causal):
             for n in args.seq_lens:
@@ -153,7 +154,7 @@ def main(argv=None):
                               f"{row.get('regs') or -1:5d} {row.get('spills') or 0:6d} {(smem or 0) / 1024:8.0f}  "
                               f"{'ok' if row['ok'] else row.get('error', 'WRONG')[:60]}"
                               + ("  host descriptors" if host else ""), flush=True)
-                        fa.TMA_HOST_DESCRIPTORS = False
+                        fa.TMA_HOST_DESCRIPTORS = host_default
                 del q, k, v, want
     print("\nbest per point (TFLOP/s; ratio to cuDNN, to FA2):", flush=True)
     for d in args.head_dims:

@@ -297,6 +297,7 @@ def main(argv=None):
                     row = {**base, "part": "tma", "table": tname, "num_warps": None, "num_stages": None,
                            "merge": pa.DEFAULT_MERGE}
                     measure({**row, "loop": "v1"}, kc, vc, table, None, None, None, tma=False)
+                    host_default = pa.TMA_HOST_DESCRIPTORS
                     for host in args.tma_host:
                         pa.TMA_HOST_DESCRIPTORS = bool(host)
                         try:
@@ -311,7 +312,7 @@ def main(argv=None):
                                                  "num_splits": n}, kc, vc, table, w, st, None, tma=True, tile=bs,
                                                 num_splits=n)
                         finally:
-                            pa.TMA_HOST_DESCRIPTORS = False
+                            pa.TMA_HOST_DESCRIPTORS = host_default
                 del kc, vc
                 if "layout" in parts:
                     for lay in ("nhd", "hnd"):

@@ -187,6 +187,13 @@ def test_forward_lse_store_variants_match_reference(impl, lse_store):
     torch.testing.assert_close(o.double(), torch.softmax(s, -1) @ v.double(), atol=1e-5, rtol=1e-5)
 
 
+def _counted(made, *args):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    made.append(args)
+    return TensorDescriptor(*args)
+
+
 @pytest.mark.parametrize("n", [64, 68])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("impl", ["v2", "v3", "v4", "v5"])
@@ -201,7 +208,10 @@ def test_forward_host_descriptors_match_kernel_built_ones(impl, causal, n, monke
     monkeypatch.setattr(fa, "TMA_HOST_DESCRIPTORS", False)
     want, want_lse = fa._forward(q, k, v, causal, 32 ** -0.5, impl=impl, config=tiles, lse_store=2)
     monkeypatch.setattr(fa, "TMA_HOST_DESCRIPTORS", True)
+    made = []
+    monkeypatch.setattr(fa, "TensorDescriptor", lambda *a: _counted(made, *a))
     got, lse = fa._forward(q, k, v, causal, 32 ** -0.5, impl=impl, config=tiles, lse_store=2)
+    assert len(made) == (5 if n == 64 else 0)  # the host path ran exactly where the tiles divide the lengths
     if fa.INTERPRETED:
         torch.testing.assert_close(got, want, atol=0, rtol=0)
         torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)

@@ -248,11 +248,16 @@ def test_paged_attention_kernel_tma_loop_ignores_what_lies_past_a_sequence(rng):
     np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, lens), atol=2e-5)
 
 
-def test_paged_attention_kernel_tma_loop_never_reads_outside_the_pool(rng):
-    """An entry outside the pool, inside or past a sequence, is never dereferenced (its box lies outside the
-    descriptor, and its scores are masked): finite numbers, the untouched sequence's right ones, and v1's
-    numbers for the others."""
+@pytest.mark.parametrize("host_desc", [False, True])
+def test_paged_attention_kernel_tma_loop_never_reads_outside_the_pool(host_desc, rng, monkeypatch):
+    """An entry outside the pool, inside or past a sequence, is never dereferenced (its box lies past the
+    descriptor, and its scores are masked): finite numbers even with NaN and Inf in a block no table uses (block
+    0, where a clamped entry would land), the untouched sequence's right ones, and v1's numbers for the others."""
+    monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host_desc)
     q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
+    kc = np.concatenate([np.full_like(kc[:1], np.nan), kc])  # a poisoned block 0 that no table entry names
+    vc = np.concatenate([np.full_like(vc[:1], np.inf), vc])
+    table = table + 1
     bad = table.copy()
     bad[2, 1] = 10_000_000
     bad[1, 0] = -5
@@ -264,6 +269,19 @@ def test_paged_attention_kernel_tma_loop_never_reads_outside_the_pool(rng):
     # the bad blocks inside sequences 1 and 2 weigh nothing, as in v1 (which masks them token by token)
     v1 = paged_attention(*args, validate=False, tma=False, tile=16).cpu().numpy()
     np.testing.assert_allclose(out, v1, atol=2e-5)
+
+
+def test_paged_attention_kernel_tma_rejects_a_head_outermost_pool(rng):
+    """A pool stored (Hkv, num_blocks, block_size, D) and passed as its permuted view has rows one slot apart, but
+    a head's block lies outside its block's rows: tma=True raises, and the default reads it with v1, correctly."""
+    arrays = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=16, lens=(5, 40), B=2, num_blocks=10)
+    q, kc, vc, table, lens = to_torch(arrays, torch.float32)
+    kh, vh = (c.permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3) for c in (kc, vc))
+    assert "inside its block" in pa.tma_unsupported(kh, vh, 16)
+    with pytest.raises(ValueError, match="inside its block"):
+        paged_attention(q, kh, vh, table, lens, tma=True)
+    np.testing.assert_allclose(paged_attention(q, kh, vh, table, lens).cpu().numpy(), paged_reference(*arrays),
+                               atol=2e-5)
 
 
 @pytest.mark.parametrize("shape,why", [((10, 8, 2, 16), "block size 8"), ((10, 16, 2, 24), "head dim 24")])
@@ -334,7 +352,7 @@ def test_tma_splits_from_the_study(block_size, max_len, want):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_head(rng):
     """Compiled: with a batch whose B * Hkv fills more than half the SMs and 64-token blocks, the default runs
-    v3 (one split, nothing merged) and matches the reference; tma=False on the same call runs v1."""
+    v3 and matches the reference; tma=False on the same call runs v1."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hkv = 4
     batch = sms // hkv  # B * Hkv in (sms / 2, sms]

@@ -192,8 +192,12 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
          Part("kernels/paged_attention.py", "_decode_step_tma",
               "one block of v3 (tma=True): its table entry, the box of its K and V at the block-and-head's "
               "element offset (row = offset // ss, column = offset % ss), the online-softmax step; an entry "
-              "outside the pool weighs nothing, and MASKED masks scores past end and zeroes those value rows",
+              "outside the pool points past the descriptor (zeros) and weighs nothing, and MASKED masks scores "
+              "past end and zeroes those value rows",
               stretch=True),
+         Part("kernels/paged_attention.py", "_host_descriptors",
+              "the same two descriptors made on the host (triton.tools.tensor_descriptor.TensorDescriptor) over "
+              "the pools' 2-D views", stretch=True),
          Part("kernels/paged_attention.py", "_decode_loop_tma",
               "v3 of the loop: the descriptors (K_DESC / V_DESC from the host, or built here), the split's full "
               "blocks unmasked, then its last block masked if it runs past end", stretch=True)),

@@ -214,14 +214,16 @@ def _block_descriptor(C, num_blocks, sb, ss, sh, BLOCK_SIZE: tl.constexpr, HEAD_
 def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_scale, sb, ss, sh, stb,
                      max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr):
     """One block of the v3 loop: its table entry, its K and V boxes by TMA, the online-softmax step. An entry
-    outside the pool is never dereferenced (its box would lie outside the descriptor and read zeros; its
-    scores are masked too). MASKED: the block may run past ``end`` (the last of a split), so its scores
+    outside the pool is never dereferenced: its box is placed past the descriptor's last row, so K and V read
+    as zeros, and its scores are masked. MASKED: the block may run past ``end`` (the last of a split), so its scores
     past ``end`` are masked and its value rows there zeroed (a slot past a sequence's end may hold anything)."""
     # BEGIN SOLUTION
     blk = t0 // BLOCK_SIZE
     phys = tl.load(TABLE + b * stb + blk, mask=blk < max_blocks, other=-1)
     ok = (phys >= 0) & (phys < num_blocks)
-    off = tl.where(ok, phys, 0).to(tl.int64) * sb + hk * sh  # the box's first element, in the pool
+    # the box's first element in the pool; an entry outside the pool points one block past its end, where
+    # every row of the box lies outside the descriptor and TMA reads zeros (never another block's data)
+    off = tl.where(ok, phys, num_blocks).to(tl.int64) * sb + hk * sh
     row = (off // ss).to(tl.int32)
     col = (off % ss).to(tl.int32)
     k = k_desc.load([row, col])
@@ -390,14 +392,14 @@ def _num_sms(device) -> int:
 
 def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     """Whether a call with tma=None runs v3 (one block per step, copied by TMA) with one split, from the H200
-    study (benchmarks/results/paged_decode_tma_bs*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
-    table). v3 keeps whole blocks in flight, so one program per (sequence, KV head) streams fast enough
-    on its own, and a single split needs no merge launch and no partials. That wins where batch * Hkv
-    alone about fills the SMs (more than half of them, at most all: B=16 there) with blocks of 64 tokens
-    or more. With 16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best
-    configuration at B >= 16 at most 0.87x); with many
-    more programs than SMs v1 already runs one split and won or tied; below half the SMs one split
-    leaves SMs idle and v1 splits. The sweeps behind ``decode_config`` hold for v1 only; v3 runs 4 warps
+    study (benchmarks/results/paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
+    table). v3 keeps a whole block in flight while it computes the one before, so one program per (sequence,
+    KV head) streams fast enough on its own, and one or two splits (``tma_splits``) need no or one small
+    merge. That wins where batch * Hkv alone about fills the SMs (more than half of them, at most all:
+    B=12 and 16 there) with blocks of 64 tokens or more. With 16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best
+    configuration at B >= 16 at most 0.87x); at B=64 (four times the programs of B=16) v1, which runs one
+    split there too, won or tied; at B=32 v3 ran ahead (1.03-1.12x v1) but the recorded grid has no such
+    batch, so the rule stops at the SM count; below half the SMs one split leaves SMs idle and v1 splits. The sweeps behind ``decode_config`` hold for v1 only; v3 runs 4 warps
     and 3 stages."""
     if INTERPRETED or not DEFAULT_TMA:
         return False
@@ -444,11 +446,22 @@ def tma_unsupported(k_cache, v_cache, block_size: int) -> str | None:
         return f"head dim {d} is not a power of two in [16, 256]"
     if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16 or ss * size % 16:
         return "a base pointer or the slot stride is not 16-byte aligned"
-    if ss <= 0 or sb % ss or any((h * sh) % ss + d > ss for h in range(hkv)):
-        return "a block of one head is not one box of rows one slot apart"
-    if nb * (sb // ss) >= 2**31:
+    if ss <= 0 or sb % ss or any((h * sh) % ss + d > ss or (h * sh) // ss + bs > sb // ss for h in range(hkv)):
+        return "a block of one head is not one box of rows one slot apart inside its block"
+    if (nb + 1) * (sb // ss) >= 2**31:
         return "the pool has more rows than TMA coordinates address"
     return None
+
+
+def _host_descriptors(k_cache, v_cache, num_blocks: int, block_size: int, head_dim: int):
+    """v3's two descriptors made on the host, as ``_block_descriptor`` builds them in the kernel: 2-D views of the
+    pools with rows one slot apart (stride ``ss``), as many rows as the pool holds, (block_size, head_dim) boxes."""
+    # BEGIN SOLUTION
+    sb, ss = k_cache.stride(0), k_cache.stride(1)
+    rows = num_blocks * (sb // ss)
+    descs = tuple(TensorDescriptor(c, [rows, ss], [ss, 1], [block_size, head_dim]) for c in (k_cache, v_cache))
+    # END SOLUTION
+    return descs
 
 
 def _has_pdl(device) -> bool:
@@ -495,8 +508,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     programs wait for the decode grid to finish, so that the second launch's latency can overlap the
     first kernel's work (on the H200 it gained nothing: ``DEFAULT_PDL`` is off). ``tma`` picks v3, where
     each step is one cache block whose K and V are copied whole by TMA (``_decode_loop_tma``; the tile is
-    the block size); None: v3 where :func:`prefers_tma` says so (then with one split where batch * Hkv
-    passes half the SMs, and 4 warps, 3 stages, unless the knobs say otherwise), else v1 or v2.
+    the block size); None: v3 where :func:`prefers_tma` says so (then with ``tma_splits`` splits and
+    ``TMA_CONFIG``'s warps and stages, unless the knobs say otherwise), else v1 or v2.
     ``tma=True`` on caches it cannot read (:func:`tma_unsupported`) raises; the default falls back there.
     ``last_decode_loop`` says which loop ran.
 
@@ -540,6 +553,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"prefetch must be None, False or True, got {prefetch!r}")
     if tma not in (None, False, True):
         raise ValueError(f"tma must be None, False or True, got {tma!r}")
+    # the kernel takes the caches' block, slot and head strides as they are (a head-major pool passed as a
+    # permuted view runs without a copy) and assumes the head dim is contiguous
+    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
+    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     if tma is None:  # the default's rule, unless the knobs asked for another loop (prefetch) or tile
         use_tma = prefers_tma(B, Hkv, block_size, q.device) and not prefetch and tile in (None, block_size)
     else:
@@ -560,7 +577,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     if num_splits:
         splits = num_splits
     elif use_tma and not INTERPRETED and B * Hkv > _num_sms(q.device) // 2:
-        splits = tma_splits(block_size, max_len)  # about a program per SM already: one or two splits
+        # about a program per SM already: one or two splits; past the SMs, one
+        splits = tma_splits(block_size, max_len) if B * Hkv <= _num_sms(q.device) else 1
     else:
         splits = default_splits(B, Hkv, max_len, q.device)
     merge = DEFAULT_MERGE if merge is None else merge
@@ -586,16 +604,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     tickets = _ticket_counters(q.device, B * Hkv) if ticket else out  # out: a placeholder, never touched
     use_pdl = (DEFAULT_PDL if pdl is None else bool(pdl)) and not direct and not ticket and _has_pdl(q.device)
     qc = q if q.stride(-1) == 1 else q.contiguous()
-    # the kernel takes the caches' block, slot and head strides as they are (a head-major pool passed as a
-    # permuted view runs without a copy) and assumes the head dim is contiguous
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     use_prefetch = (DEFAULT_PREFETCH if prefetch is None else bool(prefetch)) and not use_tma
     k_desc = v_desc = None
-    if use_tma and TMA_HOST_DESCRIPTORS:  # 2-D views with rows one slot apart, (block_size, D) boxes
-        sb, ss = k_cache.stride(0), k_cache.stride(1)
-        rows = num_blocks * (sb // ss)
-        k_desc, v_desc = (TensorDescriptor(c, [rows, ss], [ss, 1], [block_size, D]) for c in (k_cache, v_cache))
+    if use_tma and TMA_HOST_DESCRIPTORS:
+        k_desc, v_desc = _host_descriptors(k_cache, v_cache, num_blocks, block_size, D)
     elif use_tma and not INTERPRETED:
         _ensure_allocator()  # the descriptors are built in the kernel, in scratch memory from torch
     global last_decode_kernel, last_decode_loop

@@ -235,10 +235,15 @@ def test_triton_paged_decode_prefetch_loop(rng, tile, bs, splits):
 
 
 @pytest.mark.stretch
+@pytest.mark.parametrize("host", [False, True])
 @pytest.mark.parametrize("bs, splits", [(16, 1), (16, 3), (32, 2)])
-def test_triton_paged_decode_tma_loop(rng, bs, splits):
-    """Stretch: v3 of the loop (tma=True: one block per step, copied whole) with one-token sequences, sequences
-    ending inside a block, and slots past every sequence's end holding NaN."""
+def test_triton_paged_decode_tma_loop(rng, bs, splits, host, monkeypatch):
+    """Stretch: v3 of the loop (tma=True: one block per step, copied whole; its descriptors built in the kernel
+    and made on the host) with one-token sequences, sequences ending inside a block, and slots past every
+    sequence's end holding NaN."""
+    from minillm.kernels import paged_attention as pa
+
+    monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host)
     hq, hkv, d, nb = 8, 2, 16, 40
     lens = np.array([1, 37, 70], np.int32)
     q = rng.normal(size=(3, hq, d)).astype(np.float32)
