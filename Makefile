@@ -31,8 +31,9 @@ $(VENDOR): package.json package-lock.json
 book: $(STAMP) $(VENDOR)
 	$(VENV)/bin/jupyter-book build . --warningiserror --nitpick --keep-going
 
+# two worker processes (pytest-xdist): the interpreter-run kernel tests are CPU-bound, and CI has two cores
 unit: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 notebooks: $(STAMP)
 	$(PY) -m pytest -q --nbval intro.ipynb chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
