@@ -154,8 +154,8 @@ def paged(args):
                                            # the launch helpers are host code: only the @triton.jit kernels are used
                                            "from .launch import cdiv, fast_launch, next_power_of_2":
                                                "cdiv = fast_launch = next_power_of_2 = None",
-                                           "from .flash_attention import _ensure_allocator":
-                                               "_ensure_allocator = None"})
+                                           "from .flash_attention import _ensure_allocator, _num_sms":
+                                               "_ensure_allocator = _num_sms = None"})
     kern = pa._paged_decode_kernel
     types = {n: "i32" for n in kern.arg_names}
     types.update({n: "*bf16" for n in ("Q", "KC", "VC")})

@@ -32,7 +32,7 @@ except ImportError:  # older Triton: pdl= is ignored (_has_pdl says no)
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .flash_attention import _ensure_allocator
+from .flash_attention import _ensure_allocator, _num_sms
 from .launch import cdiv, fast_launch, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -201,8 +201,8 @@ def _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_sca
 def _block_descriptor(C, num_blocks, sb, ss, sh, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A 2-D tensor descriptor over a cache pool: rows of ``ss`` elements (one slot's stride), as many as the
     pool holds, and (BLOCK_SIZE, HEAD_DIM) boxes: the box at row r, column c is one block of one KV head
-    when r, c are that block-and-head's element offset divided by / modulo ``ss`` (see _block_box; the host
-    checks that every block of every head lands in one box, ``tma_layout_ok``)."""
+    when r, c are that block-and-head's element offset divided by / modulo ``ss`` (see _decode_step_tma; the
+    host checks that every block of every head lands in one box, ``tma_unsupported``)."""
     # BEGIN SOLUTION
     desc = tl.make_tensor_descriptor(C, shape=[num_blocks * (sb // ss), ss], strides=[ss, 1],
                                      block_shape=[BLOCK_SIZE, HEAD_DIM])
@@ -260,8 +260,8 @@ def _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, 
 
     v1 gathers each tile row by row with per-thread addresses. Here a step is one block (the tile is the
     block size), and its keys and values are each one box of a tensor descriptor: a single thread issues
-    the copy, the data lands in shared memory, and Triton's pipeliner keeps the next steps' copies in
-    flight (num_stages) while this one computes. The full blocks of the split run unmasked; the last, which
+    the copy, the data lands in shared memory, and Triton's pipeliner keeps the next block's copies in
+    flight while this one computes (at 3 stages: results/aot_resources_paged_v3_sm90.txt). The full blocks of the split run unmasked; the last, which
     may run past the sequence's end, masked (``start`` is block-aligned: a split is whole tiles). The two
     descriptors come from the host (K_DESC, V_DESC: ``TMA_HOST_DESCRIPTORS``) or are built here, by every
     program, in scratch memory.
@@ -366,8 +366,7 @@ def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
     """
     if INTERPRETED:
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min((4 * sms) // (batch * hkv), math.ceil(max_len / 64), 128))
+    return max(1, min((4 * _num_sms(device)) // (batch * hkv), math.ceil(max_len / 64), 128))
 
 
 def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
@@ -386,21 +385,17 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
     return (2 if batch * max_len >= 16 * 16384 else 4), 2
 
 
-def _num_sms(device) -> int:
-    return 4 if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
-    """Whether a call with tma=None runs v3 (one block per step, copied by TMA) with one split, from the H200
+    """Whether a call with tma=None runs v3 (one block per step, copied by TMA), from the H200
     study (benchmarks/results/paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
     table). v3 keeps a whole block in flight while it computes the one before, so one program per (sequence,
     KV head) streams fast enough on its own, and one or two splits (``tma_splits``) need no or one small
     merge. That wins where batch * Hkv alone about fills the SMs (more than half of them, at most all:
-    B=12 and 16 there) with blocks of 64 tokens or more. With 16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best
-    configuration at B >= 16 at most 0.87x); at B=64 (four times the programs of B=16) v1, which runs one
+    B=12 and 16 there) with blocks of 64 tokens or more. With 16-token blocks a step is too small (v3 ran
+    at 0.54-0.71x v1 at the defaults, its best configuration at B >= 16 at most 0.87x); at B=64 (four times the programs of B=16) v1, which runs one
     split there too, won or tied; at B=32 v3 ran ahead (1.03-1.12x v1) but the recorded grid has no such
-    batch, so the rule stops at the SM count; below half the SMs one split leaves SMs idle and v1 splits. The sweeps behind ``decode_config`` hold for v1 only; v3 runs 4 warps
-    and 3 stages."""
+    batch, so the rule stops at the SM count; below half the SMs one split leaves SMs idle and v1 splits.
+    The sweeps behind ``decode_config`` hold for v1 only; v3 runs ``TMA_CONFIG``."""
     if INTERPRETED or not DEFAULT_TMA:
         return False
     return tma_rule(batch, hkv, block_size, _num_sms(device))
@@ -576,9 +571,9 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
     if num_splits:
         splits = num_splits
-    elif use_tma and not INTERPRETED and B * Hkv > _num_sms(q.device) // 2:
+    elif use_tma and not INTERPRETED and B * Hkv > (sms := _num_sms(q.device)) // 2:
         # about a program per SM already: one or two splits; past the SMs, one
-        splits = tma_splits(block_size, max_len) if B * Hkv <= _num_sms(q.device) else 1
+        splits = tma_splits(block_size, max_len) if B * Hkv <= sms else 1
     else:
         splits = default_splits(B, Hkv, max_len, q.device)
     merge = DEFAULT_MERGE if merge is None else merge
