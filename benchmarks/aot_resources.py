@@ -172,12 +172,12 @@ def paged(args):
             print(f"{w:5d} {s:6d} {r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
                   + (f"  {loop_loads(r['ttgir'])}" if args.ir else ""), flush=True)
     if args.tma:  # v3 of the loop (TMA=True): one block per step, its K and V boxes through host descriptors
-        print("v3 (TMA=True), host descriptors, one split (DIRECT)")
-        for bs in (64, 128):
+        print("v3 (TMA=True), host descriptors, one split (DIRECT); tile = tokens per step (whole blocks)")
+        for bs, tile in ((64, 64), (128, 128), (16, 64), (16, 128)):
             desc = f"tensordesc<bf16[{bs},128]>"
             for w in (4, 8):
                 for st in (2, 3, 4):
-                    c3 = {**consts, "BLOCK_SIZE": bs, "TILE": bs, "TMA": True, "DIRECT": True, "SPLITS_PAD": 2}
+                    c3 = {**consts, "BLOCK_SIZE": bs, "TILE": tile, "TMA": True, "DIRECT": True, "SPLITS_PAD": 2}
                     c3.pop("K_DESC"), c3.pop("V_DESC")
                     try:
                         r = compile_sm90(kern, {**types, "K_DESC": desc, "V_DESC": desc}, c3, w, st)
@@ -185,7 +185,7 @@ def paged(args):
                                  f"  {tma_loop(r['ttgir'])}")
                     except Exception as e:  # out of shared memory at compile time
                         shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
-                    print(f"block {bs:3d} warps {w} stages {st}: {shown}", flush=True)
+                    print(f"block {bs:3d} tile {tile:3d} warps {w} stages {st}: {shown}", flush=True)
     if args.ir:  # v2 of the loop (prefetch=True) at its tiles and warps; its loop ignores num_stages
         print("v2 (PREFETCH=True), num_stages=1")
         for tile in (32, 64):

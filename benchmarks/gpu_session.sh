@@ -39,6 +39,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-g")    # flash forward: host descriptors
 #                run(command="bash benchmarks/gpu_session.sh kernels13-h")    #   the same, d=128 only (device time)
 #                run(command="bash benchmarks/gpu_session.sh kernels13-i")    # host descriptors by the fast launch
+#                run(command="bash benchmarks/gpu_session.sh kernels14")      # paged v3: several 16-token blocks a step
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -517,6 +518,24 @@ kernels13-i)  # the fast launch path with host descriptors (classed by dtype and
   timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py tests/test_kernels_launch.py \
     tests/test_kernels_flash_attention.py -k "fast_launch or default_runs_tma or tma_loop_matches or (host_desc and v2) or arg_class" \
     > "$OUT/kernel_tests_kernels13i.txt" 2>&1; echo "rc=$?"; tail -5 "$OUT/kernel_tests_kernels13i.txt" ;;
+kernels14)  # issue 12: the paged gap left is 16-token blocks at B=16, where v3's one-block step is too small. v3 with
+  # several blocks per step (tile 64 / 128: 4 / 8 boxes per step, all in flight together) against v1 and SDPA at
+  # B 16 / 32 (swept: splits x warps x stages), at B=1 over long caches, and at block size 64; the compiled tests
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py \
+    tests/test_serving_torch_runner.py > "$OUT/kernel_tests_kernels14.txt" 2>&1; echo "tests rc=$?"
+  tail -3 "$OUT/kernel_tests_kernels14.txt"
+  timeout 200 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size 16 --batches 16 32 \
+    --lengths 1024 4096 16384 --tma-tiles 64 128 --tma-host 1 --tma-warps 4 8 --tma-stages 2 3 \
+    --out "$OUT/paged_decode_tma_steps_bs16_h200.json" > "$OUT/paged_decode_tma_steps_bs16_h200.txt" 2>&1
+  echo "bs16 rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_steps_bs16_h200.txt"
+  timeout 100 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size 16 --batches 1 \
+    --lengths 4096 16384 131072 --tma-tiles 128 --tma-host 1 --tma-warps 4 --tma-stages 3 --tma-sweep-min-batch 1 \
+    --out "$OUT/paged_decode_tma_steps_b1_h200.json" > "$OUT/paged_decode_tma_steps_b1_h200.txt" 2>&1
+  echo "b1 rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_steps_b1_h200.txt"
+  timeout 80 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size 64 --batches 16 32 \
+    --lengths 1024 4096 --tma-tiles 64 128 --tma-host 1 --tma-warps 4 --tma-stages 3 \
+    --out "$OUT/paged_decode_tma_steps_bs64_h200.json" > "$OUT/paged_decode_tma_steps_bs64_h200.txt" 2>&1
+  echo "bs64 rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_steps_bs64_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

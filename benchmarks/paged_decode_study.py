@@ -126,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--layout-stages", type=int, nargs="+", default=[2, 3], help="layout: hnd num_stages")
     ap.add_argument("--tma-warps", type=int, nargs="+", default=[4, 8], help="tma: v3's num_warps")
     ap.add_argument("--tma-stages", type=int, nargs="+", default=[2, 3, 4], help="tma: v3's num_stages")
+    ap.add_argument("--tma-tiles", type=int, nargs="+", default=None,
+                    help="tma: v3's tokens per step, whole blocks (default: the block size)")
     ap.add_argument("--tma-host", type=int, nargs="+", default=[0], choices=[0, 1],
                     help="tma: v3's descriptors built in the kernel (0) and/or made on the host (1)")
     ap.add_argument("--tma-sweep-min-batch", type=int, default=16, help="tma: sweep v3 at batches from this on")
@@ -302,15 +304,17 @@ def main(argv=None):
                         pa.TMA_HOST_DESCRIPTORS = bool(host)
                         try:
                             row["host_desc"] = bool(host)
-                            measure({**row, "loop": "v3"}, kc, vc, table, None, None, None, tma=True, tile=bs)
-                            if B < args.tma_sweep_min_batch:
-                                continue
-                            for n in sorted({1, max(1, splits // 2), splits}):
-                                for w in args.tma_warps:
-                                    for st in args.tma_stages:
-                                        measure({**row, "loop": "v3", "num_warps": w, "num_stages": st,
-                                                 "num_splits": n}, kc, vc, table, w, st, None, tma=True, tile=bs,
-                                                num_splits=n)
+                            for tt in args.tma_tiles or [bs]:
+                                measure({**row, "loop": "v3", "tile": tt}, kc, vc, table, None, None, None, tma=True,
+                                        tile=tt)
+                                if B < args.tma_sweep_min_batch:
+                                    continue
+                                for n in sorted({1, max(1, splits // 2), splits}):
+                                    for w in args.tma_warps:
+                                        for st in args.tma_stages:
+                                            measure({**row, "loop": "v3", "tile": tt, "num_warps": w,
+                                                     "num_stages": st, "num_splits": n}, kc, vc, table, w, st, None,
+                                                    tma=True, tile=tt, num_splits=n)
                         finally:
                             pa.TMA_HOST_DESCRIPTORS = host_default
                 del kc, vc
@@ -369,13 +373,23 @@ def main(argv=None):
                       + (f"{lays['nhd']['tbps'] / sd['tbps']:.2f} {lays['hnd']['tbps'] / sd['tbps']:.2f} "
                          f"{hs['tbps'] / sd['tbps']:.2f}" if sd else "-"), flush=True)
             t1 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v1")
-            t3 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and "num_splits" not in r)
+            t3 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and "num_splits" not in r
+                      and r.get("tile", bs) == bs)
             t3s = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3")
             for host in (False, True):
                 h = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and r.get("host_desc") is host)
                 if h:
                     print(f"    tma, descriptors {'on the host' if host else 'in the kernel'}: best {f(h)} "
-                          f"(config {h['config']}, splits {h.get('num_splits', h['default_splits'])})", flush=True)
+                          f"(tile {h.get('tile', bs)}, config {h['config']}, splits "
+                          f"{h.get('num_splits', h['default_splits'])})", flush=True)
+            for tt in args.tma_tiles or []:
+                d3 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and "num_splits" not in r
+                          and r.get("tile") == tt)
+                b3 = best(rows, B, L, lambda r: r["part"] == "tma" and r["loop"] == "v3" and r.get("tile") == tt)
+                if d3 and sd:
+                    print(f"    tma tile {tt}: defaults {f(d3)} ({d3['tbps'] / sd['tbps']:.2f}x sdpa) | best {f(b3)} "
+                          f"({b3['tbps'] / sd['tbps']:.2f}x; config {b3['config']}, splits "
+                          f"{b3.get('num_splits', b3['default_splits'])})", flush=True)
             if t1 and t3:
                 print(f"    tma: v1 {f(t1)} v3 {f(t3)} | best v3 {f(t3s)} (config {t3s['config']}, splits "
                       f"{t3s.get('num_splits', t3s['default_splits'])}) | /sdpa "

@@ -210,7 +210,7 @@ def test_paged_attention_kernel_tma_loop_matches_pipelined_loop(block_size, num_
     arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=block_size, lens=(1, 13, 150, 64), B=4,
                           num_blocks=80)
     args = to_torch(arrays, torch.float32)
-    v3 = paged_attention(*args, num_splits=num_splits, tma=True).cpu().numpy()
+    v3 = paged_attention(*args, num_splits=num_splits, tma=True, tile=block_size).cpu().numpy()
     assert pa.last_decode_loop == "v3"
     v1 = paged_attention(*args, tile=block_size, num_splits=num_splits, tma=False).cpu().numpy()
     assert pa.last_decode_loop == "v1"
@@ -219,6 +219,33 @@ def test_paged_attention_kernel_tma_loop_matches_pipelined_loop(block_size, num_
         np.testing.assert_array_equal(v3, v1)
     else:
         np.testing.assert_allclose(v3, v1, atol=2e-5)
+
+
+@pytest.mark.parametrize("host_desc", [False, True])
+@pytest.mark.parametrize("block_size,tile", [(16, 64), (16, 128), (32, 64)])
+def test_paged_attention_kernel_tma_loop_several_blocks_per_step(block_size, tile, host_desc, rng, monkeypatch):
+    """v3 with tile // block_size blocks per step runs the same per-block updates as one block per step; the
+    blocks of its last step past a sequence's end (past the table's width too) weigh nothing. One split: the
+    same numbers in the interpreter. Three splits (split lengths rounded to whole steps): the reference's."""
+    monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host_desc)
+    arrays = random_paged(rng, Hq=8, Hkv=2, D=32, block_size=block_size, lens=(1, 13, 150, 64, 200), B=5,
+                          num_blocks=80)
+    args = to_torch(arrays, torch.float32)
+    many = paged_attention(*args, num_splits=1, tma=True, tile=tile).cpu().numpy()
+    one = paged_attention(*args, num_splits=1, tma=True, tile=block_size).cpu().numpy()
+    np.testing.assert_allclose(many, paged_reference(*arrays), atol=2e-5)
+    if INTERPRETED:
+        np.testing.assert_array_equal(many, one)
+    else:
+        np.testing.assert_allclose(many, one, atol=2e-5)
+    split = paged_attention(*args, num_splits=3, tma=True, tile=tile).cpu().numpy()
+    np.testing.assert_allclose(split, paged_reference(*arrays), atol=2e-5)
+
+
+def test_tma_tile_takes_small_blocks_several_per_step():
+    assert pa.tma_tile(16) == pa.TMA_STEP == 128
+    assert pa.tma_tile(128) == 128 and pa.tma_tile(256) == 256
+    assert pa.tma_tile(4) == 4 * pa.TMA_MAX_BLOCKS_PER_STEP  # never more blocks per step than the bound
 
 
 @pytest.mark.parametrize("host_desc", [False, True])
@@ -297,10 +324,12 @@ def test_paged_attention_kernel_tma_rejects_what_it_cannot_read(shape, why, rng)
 
 
 @pytest.mark.parametrize("knob,why", [({"tma": True, "prefetch": True}, "two different loops"),
-                                      ({"tma": True, "tile": 32}, "tile must be the block size"),
+                                      ({"tma": True, "tile": 16, "block_size": 32}, "whole blocks"),
+                                      ({"tma": True, "tile": 512}, "whole blocks"),
                                       ({"tma": "yes"}, "tma must be")])
 def test_paged_attention_kernel_tma_knobs_rejected(knob, why, rng):
-    args = to_torch(random_paged(rng, lens=(5, 30), B=2), torch.float32)
+    knob = dict(knob)
+    args = to_torch(random_paged(rng, lens=(5, 30), B=2, block_size=knob.pop("block_size", 16)), torch.float32)
     with pytest.raises(ValueError, match=why):
         paged_attention(*args, **knob)
 
@@ -343,9 +372,9 @@ def test_paged_attention_kernel_gpu_tma_host_descriptors_take_the_fast_launch(rn
     assert outs[1][2] >= 1  # the second call's decode launch went through the fast path
 
 
-@pytest.mark.parametrize("block_size,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
-def test_tma_splits_from_the_study(block_size, max_len, want):
-    assert pa.tma_splits(block_size, max_len) == want
+@pytest.mark.parametrize("tile,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
+def test_tma_splits_from_the_study(tile, max_len, want):
+    assert pa.tma_splits(tile, max_len) == want
 
 
 @pytest.mark.gpu
@@ -366,7 +395,7 @@ def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_hea
     np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, ln), atol=TOL[torch.float16])
     paged_attention(*args, tma=False)
     assert pa.last_decode_loop == "v1"
-    paged_attention(*args, tile=32)  # a tile that is not the block size asks for v1's loop
+    paged_attention(*args, tile=64)  # an explicit tile asks for v1's loop
     assert pa.last_decode_loop == "v1"
 
 

@@ -40,6 +40,8 @@ MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
+TMA_STEP = 128  # v3's tokens per step by default: blocks smaller than this are taken several per step
+TMA_MAX_BLOCKS_PER_STEP = 16  # the step is unrolled over its blocks: a bound on the code it makes
 TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise
 TMA_HOST_DESCRIPTORS = True  # v3's two descriptors made on the host and passed in (else built in every program)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
@@ -77,10 +79,10 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, TICKE
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    if TMA:  # v3: one block per step, copied by the tensor-memory accelerator (TILE == BLOCK_SIZE)
+    if TMA:  # v3: whole blocks per step (TILE // BLOCK_SIZE of them), copied by the tensor-memory accelerator
         m, l, acc = _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, end, qk_scale,
                                      skb, sks, skh, svb, svs, svh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE,
-                                     HEAD_DIM=HEAD_DIM, IEEE=IEEE)
+                                     HEAD_DIM=HEAD_DIM, TILE=TILE, IEEE=IEEE)
     elif PREFETCH:  # v2: the loads run ahead of the math by hand
         m, l, acc = _decode_loop_prefetch(q, m, l, acc, KC, VC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
                                           svb, svs, svh, stb, max_blocks, num_blocks, dims, dmask,
@@ -255,14 +257,16 @@ def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_sca
 @triton.jit
 def _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, end, qk_scale, skb, sks, skh,
                      svb, svs, svh, stb, max_blocks, num_blocks, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     IEEE: tl.constexpr):
-    """v3 of the decode loop: one cache block per step, its K and V copied whole by TMA.
+                     TILE: tl.constexpr, IEEE: tl.constexpr):
+    """v3 of the decode loop: whole cache blocks per step, each block's K and V copied by TMA.
 
-    v1 gathers each tile row by row with per-thread addresses. Here a step is one block (the tile is the
-    block size), and its keys and values are each one box of a tensor descriptor: a single thread issues
-    the copy, the data lands in shared memory, and Triton's pipeliner keeps the next block's copies in
-    flight while this one computes (at 3 stages: results/aot_resources_paged_v3_sm90.txt). The full blocks of the split run unmasked; the last, which
-    may run past the sequence's end, masked (``start`` is block-aligned: a split is whole tiles). The two
+    v1 gathers each tile row by row with per-thread addresses. Here a step is TILE tokens, TILE // BLOCK_SIZE
+    whole blocks (one where the tile is the block size), and each block's keys and values are one box of a
+    tensor descriptor: a single thread issues each copy, the data lands in shared memory, and Triton's
+    pipeliner keeps the next step's copies in flight while this one computes (at 3 stages:
+    results/aot_resources_paged_v3_sm90.txt). Small blocks are taken several per step so that a step moves
+    as many bytes as one large block would. The full steps of the split run unmasked; the last, which may
+    run past the sequence's end, masked (``start`` is tile-aligned: a split is whole tiles). The two
     descriptors come from the host (K_DESC, V_DESC: ``TMA_HOST_DESCRIPTORS``) or are built here, by every
     program, in scratch memory.
     """
@@ -273,15 +277,17 @@ def _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, 
     else:
         k_desc = K_DESC
         v_desc = V_DESC
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_SIZE * BLOCK_SIZE
-    for t0 in tl.range(start, full_end, BLOCK_SIZE):
-        m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_scale, skb, sks,
-                                     skh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE, MASKED=False,
-                                     IEEE=IEEE)
-    if full_end < end:
-        m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, full_end, end, qk_scale, skb,
-                                     sks, skh, stb, max_blocks, num_blocks, BLOCK_SIZE=BLOCK_SIZE, MASKED=True,
-                                     IEEE=IEEE)
+    full_end = start + tl.maximum(end - start, 0) // TILE * TILE
+    for t0 in tl.range(start, full_end, TILE):
+        for j in tl.static_range(TILE // BLOCK_SIZE):
+            m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0 + j * BLOCK_SIZE, end,
+                                         qk_scale, skb, sks, skh, stb, max_blocks, num_blocks,
+                                         BLOCK_SIZE=BLOCK_SIZE, MASKED=False, IEEE=IEEE)
+    if full_end < end:  # the last step: blocks wholly past end read their table entries (or none) and weigh nothing
+        for j in tl.static_range(TILE // BLOCK_SIZE):
+            m, l, acc = _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, full_end + j * BLOCK_SIZE,
+                                         end, qk_scale, skb, sks, skh, stb, max_blocks, num_blocks,
+                                         BLOCK_SIZE=BLOCK_SIZE, MASKED=True, IEEE=IEEE)
     # END SOLUTION
     return m, l, acc
 
@@ -401,11 +407,17 @@ def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     return tma_rule(batch, hkv, block_size, _num_sms(device))
 
 
-def tma_splits(block_size: int, max_len: int) -> int:
-    """v3's split count where batch * Hkv passes half the SMs, from the same study (host descriptors): with
-    128-token blocks one split was fastest at every length (one program per (sequence, KV head) streams at
-    cuDNN's rate, and nothing is merged); with 64-token blocks one split at L=1K and two from L=4K on."""
-    return 1 if block_size >= 128 or max_len < 4096 else 2
+def tma_splits(tile: int, max_len: int) -> int:
+    """v3's split count where batch * Hkv passes half the SMs, from the same study (host descriptors), by the
+    tokens of a step: with 128-token steps (blocks) one split was fastest at every length (one program per
+    (sequence, KV head) streams at cuDNN's rate, and nothing is merged); with 64-token steps one split at L=1K
+    and two from L=4K on."""
+    return 1 if tile >= 128 or max_len < 4096 else 2
+
+
+def tma_tile(block_size: int) -> int:
+    """v3's tokens per step by default: one block, or as many whole blocks as make ``TMA_STEP`` tokens."""
+    return max(block_size, min(TMA_STEP, block_size * TMA_MAX_BLOCKS_PER_STEP))
 
 
 def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
@@ -552,8 +564,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     # permuted view runs without a copy) and assumes the head dim is contiguous
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    if tma is None:  # the default's rule, unless the knobs asked for another loop (prefetch) or tile
-        use_tma = prefers_tma(B, Hkv, block_size, q.device) and not prefetch and tile in (None, block_size)
+    if tma is None:  # the default's rule, unless the knobs asked for another loop (prefetch) or a tile
+        use_tma = prefers_tma(B, Hkv, block_size, q.device) and not prefetch and tile is None
     else:
         use_tma = tma
     if use_tma and prefetch:
@@ -564,16 +576,16 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
             raise ValueError(f"tma=True cannot read these caches: {why}")
         use_tma = why is None
     if use_tma:
-        if tile is not None and tile != block_size:
-            raise ValueError(f"with tma=True a step is one block: tile must be the block size {block_size}, "
-                             f"got {tile}")
-        tile = block_size
+        if tile is not None and not (tile >= block_size and tile // block_size <= TMA_MAX_BLOCKS_PER_STEP):
+            raise ValueError(f"with tma=True a step is whole blocks: tile must be the block size {block_size} "
+                             f"times a power of two up to {TMA_MAX_BLOCKS_PER_STEP}, got {tile}")
+        tile = tile or tma_tile(block_size)
     tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
     if num_splits:
         splits = num_splits
     elif use_tma and not INTERPRETED and B * Hkv > (sms := _num_sms(q.device)) // 2:
         # about a program per SM already: one or two splits; past the SMs, one
-        splits = tma_splits(block_size, max_len) if B * Hkv <= sms else 1
+        splits = tma_splits(tile, max_len) if B * Hkv <= sms else 1
     else:
         splits = default_splits(B, Hkv, max_len, q.device)
     merge = DEFAULT_MERGE if merge is None else merge

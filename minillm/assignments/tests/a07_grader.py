@@ -236,11 +236,11 @@ def test_triton_paged_decode_prefetch_loop(rng, tile, bs, splits):
 
 @pytest.mark.stretch
 @pytest.mark.parametrize("host", [False, True])
-@pytest.mark.parametrize("bs, splits", [(16, 1), (16, 3), (32, 2)])
-def test_triton_paged_decode_tma_loop(rng, bs, splits, host, monkeypatch):
-    """Stretch: v3 of the loop (tma=True: one block per step, copied whole; its descriptors built in the kernel
-    and made on the host) with one-token sequences, sequences ending inside a block, and slots past every
-    sequence's end holding NaN."""
+@pytest.mark.parametrize("bs, splits, tile", [(16, 1, None), (16, 3, 16), (32, 2, 64)])
+def test_triton_paged_decode_tma_loop(rng, bs, splits, tile, host, monkeypatch):
+    """Stretch: v3 of the loop (tma=True: whole blocks per step, one or several, each copied whole; its
+    descriptors built in the kernel and made on the host) with one-token sequences, sequences ending inside a
+    block, steps running past the table's width, and slots past every sequence's end holding NaN."""
     from minillm.kernels import paged_attention as pa
 
     monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host)
@@ -255,5 +255,5 @@ def test_triton_paged_decode_tma_loop(rng, bs, splits, host, monkeypatch):
         if n % bs:
             kc[table[b, n // bs], n % bs:] = np.nan
             vc[table[b, n // bs], n % bs:] = np.nan
-    got = _triton(q, kc, vc, table, lens, tma=True, num_splits=splits)
+    got = _triton(q, kc, vc, table, lens, tma=True, num_splits=splits, tile=tile)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
