@@ -40,6 +40,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-h")    #   the same, d=128 only (device time)
 #                run(command="bash benchmarks/gpu_session.sh kernels13-i")    # host descriptors by the fast launch
 #                run(command="bash benchmarks/gpu_session.sh kernels14")      # paged v3: several 16-token blocks a step
+#                run(command="bash benchmarks/gpu_session.sh kernels14-b")    #   v3 the default up to 2x the SMs: grid
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -536,6 +537,13 @@ kernels14)  # issue 12: the paged gap left is 16-token blocks at B=16, where v3'
     --lengths 1024 4096 --tma-tiles 64 128 --tma-host 1 --tma-warps 4 --tma-stages 3 \
     --out "$OUT/paged_decode_tma_steps_bs64_h200.json" > "$OUT/paged_decode_tma_steps_bs64_h200.txt" 2>&1
   echo "bs64 rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_tma_steps_bs64_h200.txt" ;;
+kernels14-b)  # issue 12: v3 the default where batch * Hkv is in (SMs/2, 2 SMs] with 64+-token blocks (B=32 ran v3 at
+  # 1.03-1.12x v1): the compiled paged and serving-runner tests, and the recorded paged grid, now with B=32
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py \
+    tests/test_serving_torch_runner.py > "$OUT/kernel_tests_kernels14b.txt" 2>&1; echo "tests rc=$?"
+  tail -3 "$OUT/kernel_tests_kernels14b.txt"
+  timeout 330 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -v "num_splits\|tile=" "$OUT/paged_attention_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

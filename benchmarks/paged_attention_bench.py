@@ -89,7 +89,7 @@ def time_sdpa(q, k, v, kv_bytes: int):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 32, 64, 256])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 131072])
     ap.add_argument("--block-sizes", type=int, nargs="+", default=[16, 128])
     ap.add_argument("--sweep-splits", type=int, nargs="*", default=[4, 8, 16, 32, 64, 128],

@@ -242,12 +242,6 @@ def test_paged_attention_kernel_tma_loop_several_blocks_per_step(block_size, til
     np.testing.assert_allclose(split, paged_reference(*arrays), atol=2e-5)
 
 
-def test_tma_tile_takes_small_blocks_several_per_step():
-    assert pa.tma_tile(16) == pa.TMA_STEP == 128
-    assert pa.tma_tile(128) == 128 and pa.tma_tile(256) == 256
-    assert pa.tma_tile(4) == 4 * pa.TMA_MAX_BLOCKS_PER_STEP  # never more blocks per step than the bound
-
-
 @pytest.mark.parametrize("host_desc", [False, True])
 def test_paged_attention_kernel_tma_loop_reads_a_head_major_pool(host_desc, rng, monkeypatch):
     """v3 reads a (num_blocks, Hkv, block_size, D) pool through its permuted view: each block of one head is
@@ -335,11 +329,12 @@ def test_paged_attention_kernel_tma_knobs_rejected(knob, why, rng):
 
 
 @pytest.mark.parametrize("batch,hkv,block_size,want", [(16, 8, 128, True), (16, 8, 64, True), (9, 8, 64, True),
-                                                       (16, 8, 16, False), (8, 8, 128, False), (17, 8, 128, False),
+                                                       (16, 8, 16, False), (8, 8, 128, False), (17, 8, 128, True),
+                                                       (32, 8, 64, True), (33, 8, 128, True), (34, 8, 128, False),
                                                        (64, 8, 128, False), (1, 8, 128, False)])
 def test_prefers_tma_one_program_per_sm_with_big_blocks(batch, hkv, block_size, want, monkeypatch):
     """The default's rule on a 132-SM GPU: v3 where batch * Hkv alone fills more than half the SMs and at most
-    all of them, with blocks of 64 tokens or more; never with the switch off, never in the interpreter."""
+    twice all of them, with blocks of 64 tokens or more; never with the switch off, never in the interpreter."""
     monkeypatch.setattr(pa, "INTERPRETED", False)
     monkeypatch.setattr(pa, "_num_sms", lambda device: 132)
     assert pa.prefers_tma(batch, hkv, block_size, "cuda") is want
@@ -380,8 +375,9 @@ def test_tma_splits_from_the_study(tile, max_len, want):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_head(rng):
-    """Compiled: with a batch whose B * Hkv fills more than half the SMs and 64-token blocks, the default runs
-    v3 and matches the reference; tma=False on the same call runs v1."""
+    """Compiled: with a batch whose B * Hkv fills more than half the SMs (up to twice all of them) and 64-token
+    blocks, the default runs v3 and matches the reference; tma=False on the same call runs v1, and so does a
+    batch past twice the SMs."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     hkv = 4
     batch = sms // hkv  # B * Hkv in (sms / 2, sms]
@@ -397,6 +393,15 @@ def test_paged_attention_kernel_gpu_default_runs_tma_with_one_program_per_kv_hea
     assert pa.last_decode_loop == "v1"
     paged_attention(*args, tile=64)  # an explicit tile asks for v1's loop
     assert pa.last_decode_loop == "v1"
+    for batch, loop in ((2 * sms // hkv, "v3"), (2 * sms // hkv + 1, "v1")):  # up to twice the SMs: v3, one split
+        lens = tuple(int(x) for x in rng.integers(1, 300, size=batch))
+        arrays = random_paged(rng, B=batch, Hq=8, Hkv=hkv, D=64, block_size=64, lens=lens,
+                              num_blocks=sum(-(-n // 64) for n in lens) + 4)
+        got = paged_attention(*to_torch(arrays, torch.float16)).double().cpu().numpy()
+        assert pa.last_decode_loop == loop
+        q, kc, vc, table, ln = (a.astype(np.float16).astype(np.float64) if a.dtype == np.float32 else a
+                                for a in arrays)
+        np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, ln), atol=TOL[torch.float16])
 
 
 def test_paged_attention_kernel_pdl_gives_the_plain_launch_result(rng):

@@ -40,8 +40,7 @@ MERGES = ("launch", "ticket")
 DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: False, v2: True)
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
-TMA_STEP = 128  # v3's tokens per step by default: blocks smaller than this are taken several per step
-TMA_MAX_BLOCKS_PER_STEP = 16  # the step is unrolled over its blocks: a bound on the code it makes
+TMA_MAX_BLOCKS_PER_STEP = 16  # tile= may give v3 several blocks per step, unrolled: a bound on the code it makes
 TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise
 TMA_HOST_DESCRIPTORS = True  # v3's two descriptors made on the host and passed in (else built in every program)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
@@ -264,8 +263,8 @@ def _decode_loop_tma(q, m, l, acc, KC, VC, K_DESC, V_DESC, TABLE, b, hk, start, 
     whole blocks (one where the tile is the block size), and each block's keys and values are one box of a
     tensor descriptor: a single thread issues each copy, the data lands in shared memory, and Triton's
     pipeliner keeps the next step's copies in flight while this one computes (at 3 stages:
-    results/aot_resources_paged_v3_sm90.txt). Small blocks are taken several per step so that a step moves
-    as many bytes as one large block would. The full steps of the split run unmasked; the last, which may
+    results/aot_resources_paged_v3_sm90.txt). The default is one block per step; several per step (tile=)
+    chain their online-softmax updates block by block and ran slower on the H200. The full steps of the split run unmasked; the last, which may
     run past the sequence's end, masked (``start`` is tile-aligned: a split is whole tiles). The two
     descriptors come from the host (K_DESC, V_DESC: ``TMA_HOST_DESCRIPTORS``) or are built here, by every
     program, in scratch memory.
@@ -393,15 +392,17 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
 
 def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     """Whether a call with tma=None runs v3 (one block per step, copied by TMA), from the H200
-    study (benchmarks/results/paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
+    studies (benchmarks/results/paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
     table). v3 keeps a whole block in flight while it computes the one before, so one program per (sequence,
     KV head) streams fast enough on its own, and one or two splits (``tma_splits``) need no or one small
-    merge. That wins where batch * Hkv alone about fills the SMs (more than half of them, at most all:
-    B=12 and 16 there) with blocks of 64 tokens or more. With 16-token blocks a step is too small (v3 ran
-    at 0.54-0.71x v1 at the defaults, its best configuration at B >= 16 at most 0.87x); at B=64 (four times the programs of B=16) v1, which runs one
-    split there too, won or tied; at B=32 v3 ran ahead (1.03-1.12x v1) but the recorded grid has no such
-    batch, so the rule stops at the SM count; below half the SMs one split leaves SMs idle and v1 splits.
-    The sweeps behind ``decode_config`` hold for v1 only; v3 runs ``TMA_CONFIG``."""
+    merge. That wins where batch * Hkv alone about fills the SMs once or twice (more than half of them, at
+    most twice: B=12 to 32 there) with blocks of 64 tokens or more: at B=32, v3 ran at 1.03-1.12x v1 with
+    128-token blocks and 1.05-1.12x with 64-token ones. At B=64 (four times the programs of B=16) v1, which
+    runs one split there too, won or tied; below half the SMs one split leaves SMs idle and v1 splits. With
+    16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best configuration at
+    B >= 16 at most 0.87x), and taking several blocks per step did not help (``tile=``: each block its own box
+    ran slower still, paged_decode_tma_steps_bs16_h200.json). The sweeps behind ``decode_config`` hold for v1
+    only; v3 runs ``TMA_CONFIG``."""
     if INTERPRETED or not DEFAULT_TMA:
         return False
     return tma_rule(batch, hkv, block_size, _num_sms(device))
@@ -415,14 +416,9 @@ def tma_splits(tile: int, max_len: int) -> int:
     return 1 if tile >= 128 or max_len < 4096 else 2
 
 
-def tma_tile(block_size: int) -> int:
-    """v3's tokens per step by default: one block, or as many whole blocks as make ``TMA_STEP`` tokens."""
-    return max(block_size, min(TMA_STEP, block_size * TMA_MAX_BLOCKS_PER_STEP))
-
-
 def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
     """:func:`prefers_tma`'s rule on a GPU with ``sms`` SMs (the switch and the interpreter aside)."""
-    return block_size >= TMA_MIN_BLOCK and sms // 2 < batch * hkv <= sms
+    return block_size >= TMA_MIN_BLOCK and sms // 2 < batch * hkv <= 2 * sms
 
 
 def split_plan(max_len: int, splits: int, tile: int) -> tuple[int, int]:
@@ -514,8 +510,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     decode kernel's programs let it start once their loads are done (``"early"``: as they begin) and its
     programs wait for the decode grid to finish, so that the second launch's latency can overlap the
     first kernel's work (on the H200 it gained nothing: ``DEFAULT_PDL`` is off). ``tma`` picks v3, where
-    each step is one cache block whose K and V are copied whole by TMA (``_decode_loop_tma``; the tile is
-    the block size); None: v3 where :func:`prefers_tma` says so (then with ``tma_splits`` splits and
+    each step is one cache block whose K and V are copied whole by TMA (``_decode_loop_tma``; a ``tile`` of
+    several blocks gives each step that many, each its own copy, measured slower); None: v3 where :func:`prefers_tma` says so (then with ``tma_splits`` splits and
     ``TMA_CONFIG``'s warps and stages, unless the knobs say otherwise), else v1 or v2.
     ``tma=True`` on caches it cannot read (:func:`tma_unsupported`) raises; the default falls back there.
     ``last_decode_loop`` says which loop ran.
@@ -579,7 +575,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         if tile is not None and not (tile >= block_size and tile // block_size <= TMA_MAX_BLOCKS_PER_STEP):
             raise ValueError(f"with tma=True a step is whole blocks: tile must be the block size {block_size} "
                              f"times a power of two up to {TMA_MAX_BLOCKS_PER_STEP}, got {tile}")
-        tile = tile or tma_tile(block_size)
+        tile = tile or block_size  # one block per step: several (tile=) ran slower (paged_decode_tma_steps_*)
     tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
     if num_splits:
         splits = num_splits
