@@ -41,6 +41,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels13-i")    # host descriptors by the fast launch
 #                run(command="bash benchmarks/gpu_session.sh kernels14")      # paged v3: several 16-token blocks a step
 #                run(command="bash benchmarks/gpu_session.sh kernels14-b")    #   v3 the default up to 2x the SMs: grid
+#                run(command="bash benchmarks/gpu_session.sh kernels14-c")    #   2 stages past the SMs; grid, 64 too
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -543,6 +544,20 @@ kernels14-b)  # issue 12: v3 the default where batch * Hkv is in (SMs/2, 2 SMs] 
     tests/test_serving_torch_runner.py > "$OUT/kernel_tests_kernels14b.txt" 2>&1; echo "tests rc=$?"
   tail -3 "$OUT/kernel_tests_kernels14b.txt"
   timeout 330 python3 benchmarks/paged_attention_bench.py --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -v "num_splits\|tile=" "$OUT/paged_attention_h200.txt" ;;
+kernels14-c)  # issue 12: at B=32 with 128-token blocks v3 ran at 0.93x cuDNN (L=1K) against 0.99x with 64-token
+  # blocks: at 3 stages a 128-token program holds 136 KiB of shared memory, one per SM, and 256 programs take two
+  # waves. v3 at 2 and 3 stages at B=32 (both block sizes), then the recorded grid with block sizes 16, 64, 128 and
+  # v3 at 2 stages past the SM count (tma_config); the tests of the changed default
+  timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py -k "tma or default" \
+    > "$OUT/kernel_tests_kernels14c.txt" 2>&1; echo "tests rc=$?"; tail -1 "$OUT/kernel_tests_kernels14c.txt"
+  for bs in 128 64; do
+    timeout 80 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size $bs --batches 32 \
+      --lengths 1024 4096 16384 --tma-host 1 --tma-warps 4 --tma-stages 2 3 \
+      --out "$OUT/paged_decode_tma_stages_bs${bs}_h200.json" > "$OUT/paged_decode_tma_stages_bs${bs}_h200.txt" 2>&1
+    echo "stages bs$bs rc=$?"; grep "num_splits=1:" "$OUT/paged_decode_tma_stages_bs${bs}_h200.txt"
+  done
+  timeout 300 python3 benchmarks/paged_attention_bench.py --block-sizes 16 64 128 --out "$OUT/paged_attention_h200.json" \
     > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -v "num_splits\|tile=" "$OUT/paged_attention_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,

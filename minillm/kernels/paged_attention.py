@@ -41,7 +41,8 @@ DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: Fa
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
 TMA_MAX_BLOCKS_PER_STEP = 16  # tile= may give v3 several blocks per step, unrolled: a bound on the code it makes
-TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise
+TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise (or tma_config: past the SMs)
+TMA_CONFIG_WIDE = (4, 2)  # ... where batch * Hkv passes the SM count: fewer stages, so that two programs fit an SM
 TMA_HOST_DESCRIPTORS = True  # v3's two descriptors made on the host and passed in (else built in every program)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
@@ -402,7 +403,7 @@ def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best configuration at
     B >= 16 at most 0.87x), and taking several blocks per step did not help (``tile=``: each block its own box
     ran slower still, paged_decode_tma_steps_bs16_h200.json). The sweeps behind ``decode_config`` hold for v1
-    only; v3 runs ``TMA_CONFIG``."""
+    only; v3 runs ``tma_config``'s."""
     if INTERPRETED or not DEFAULT_TMA:
         return False
     return tma_rule(batch, hkv, block_size, _num_sms(device))
@@ -414,6 +415,14 @@ def tma_splits(tile: int, max_len: int) -> int:
     (sequence, KV head) streams at cuDNN's rate, and nothing is merged); with 64-token steps one split at L=1K
     and two from L=4K on."""
     return 1 if tile >= 128 or max_len < 4096 else 2
+
+
+def tma_config(batch: int, hkv: int, sms: int) -> tuple[int, int]:
+    """v3's (num_warps, num_stages): ``TMA_CONFIG`` while batch * Hkv programs fit one per SM, ``TMA_CONFIG_WIDE``
+    past that. At 3 stages a program with 128-token blocks holds 136 KiB of shared memory on sm_90
+    (results/aot_resources_paged_v3_sm90.txt), so one fits an SM and B=32 (256 programs) runs in two waves;
+    at 2 stages (72 KiB) they all fit at once."""
+    return TMA_CONFIG if batch * hkv <= sms else TMA_CONFIG_WIDE
 
 
 def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
@@ -512,7 +521,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     first kernel's work (on the H200 it gained nothing: ``DEFAULT_PDL`` is off). ``tma`` picks v3, where
     each step is one cache block whose K and V are copied whole by TMA (``_decode_loop_tma``; a ``tile`` of
     several blocks gives each step that many, each its own copy, measured slower); None: v3 where :func:`prefers_tma` says so (then with ``tma_splits`` splits and
-    ``TMA_CONFIG``'s warps and stages, unless the knobs say otherwise), else v1 or v2.
+    :func:`tma_config`'s warps and stages, unless the knobs say otherwise), else v1 or v2.
     ``tma=True`` on caches it cannot read (:func:`tma_unsupported`) raises; the default falls back there.
     ``last_decode_loop`` says which loop ran.
 
@@ -589,7 +598,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
-    table_warps, table_stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
+    table_warps, table_stages = (tma_config(B, Hkv, _num_sms(q.device)) if use_tma and not INTERPRETED
+                                 else TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len))
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
     stages = num_stages if num_stages is not None else table_stages
     if stages is not None:
