@@ -367,13 +367,13 @@ def test_paged_attention_kernel_gpu_tma_host_descriptors_take_the_fast_launch(rn
     assert outs[1][2] >= 1  # the second call's decode launch went through the fast path
 
 
-@pytest.mark.parametrize("tile,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
 def test_tma_config_fewer_stages_past_the_sm_count():
     assert pa.tma_config(16, 8, 132) == pa.TMA_CONFIG
     assert pa.tma_config(17, 8, 132) == pa.TMA_CONFIG_WIDE
     assert pa.TMA_CONFIG_WIDE[1] < pa.TMA_CONFIG[1]
 
 
+@pytest.mark.parametrize("tile,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
 def test_tma_splits_from_the_study(tile, max_len, want):
     assert pa.tma_splits(tile, max_len) == want
 
