@@ -42,6 +42,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels14")      # paged v3: several 16-token blocks a step
 #                run(command="bash benchmarks/gpu_session.sh kernels14-b")    #   v3 the default up to 2x the SMs: grid
 #                run(command="bash benchmarks/gpu_session.sh kernels14-c")    #   2 stages past the SMs; grid, 64 too
+#                run(command="bash benchmarks/gpu_session.sh kernels14-d")    #   stages by shared memory; the grid again
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -559,6 +560,13 @@ kernels14-c)  # issue 12: at B=32 with 128-token blocks v3 ran at 0.93x cuDNN (L
   done
   timeout 300 python3 benchmarks/paged_attention_bench.py --block-sizes 16 64 128 --out "$OUT/paged_attention_h200.json" \
     > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -v "num_splits\|tile=" "$OUT/paged_attention_h200.txt" ;;
+kernels14-d)  # issue 12: kernels14-c's 2 stages past the SM count helped 128-token blocks (two programs now fit an SM)
+  # and hurt 64-token ones (three fit at 3 stages already): tma_config takes fewer stages only where that lets all
+  # programs be resident. The recorded grid again (block sizes 16, 64, 128) and the tests of the default, compiled
+  timeout 300 python3 benchmarks/paged_attention_bench.py --block-sizes 16 64 128 --out "$OUT/paged_attention_h200.json" \
+    > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -E "^ +(16|32) " "$OUT/paged_attention_h200.txt" | grep -v "num_splits\|tile="
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py -k "tma or default" \
+    > "$OUT/kernel_tests_kernels14d.txt" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/kernel_tests_kernels14d.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -186,7 +186,8 @@ def main(argv=None):
             def measure(row, kc, vc, table, warps, stages, merge, **knobs):
                 """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
                 # v3's own default launch configuration
-                dcfg = pa.tma_config(B, hkv, lim["sms"]) if knobs.get("tma") else default_cfg
+                dcfg = (pa.tma_config(B, hkv, lim["sms"], bs, d, 2, pa._shared_per_sm(q.device)) if knobs.get("tma")
+                        else default_cfg)
                 cfg = (warps if warps is not None else dcfg[0], stages if stages is not None else dcfg[1])
                 if knobs.get("prefetch"):  # v2's loop does not pipeline: the stages do not apply
                     cfg = (cfg[0], None)

@@ -367,10 +367,12 @@ def test_paged_attention_kernel_gpu_tma_host_descriptors_take_the_fast_launch(rn
     assert outs[1][2] >= 1  # the second call's decode launch went through the fast path
 
 
-def test_tma_config_fewer_stages_past_the_sm_count():
-    assert pa.tma_config(16, 8, 132) == pa.TMA_CONFIG
-    assert pa.tma_config(17, 8, 132) == pa.TMA_CONFIG_WIDE
-    assert pa.TMA_CONFIG_WIDE[1] < pa.TMA_CONFIG[1]
+@pytest.mark.parametrize("batch,block_size,stages", [(16, 128, 3), (32, 128, 2), (32, 64, 3), (16, 64, 3),
+                                                     (64, 64, 2), (64, 16, 3)])
+def test_tma_config_fewer_stages_only_where_all_programs_then_fit(batch, block_size, stages):
+    """On an H200 (132 SMs, 228 KiB of shared memory each), bf16, Hkv=8, D=128: 3 stages unless the programs need
+    more than one wave there (B=32 with 128-token blocks: two programs of 136 KiB per SM do not fit)."""
+    assert pa.tma_config(batch, 8, 132, block_size, 128, 2, 228 * 1024) == (pa.TMA_CONFIG[0], stages)
 
 
 @pytest.mark.parametrize("tile,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])

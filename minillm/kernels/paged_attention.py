@@ -41,8 +41,7 @@ DEFAULT_PREFETCH = False  # which decode loop runs unless prefetch= says (v1: Fa
 DEFAULT_TMA = True  # may tma=None pick v3 (TMA copies of whole blocks) where prefers_tma says so? (off: never)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
 TMA_MAX_BLOCKS_PER_STEP = 16  # tile= may give v3 several blocks per step, unrolled: a bound on the code it makes
-TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise (or tma_config: past the SMs)
-TMA_CONFIG_WIDE = (4, 2)  # ... where batch * Hkv passes the SM count: fewer stages, so that two programs fit an SM
+TMA_CONFIG = (4, 3)  # v3's (num_warps, num_stages) unless the knobs say otherwise; tma_config may take fewer stages
 TMA_HOST_DESCRIPTORS = True  # v3's two descriptors made on the host and passed in (else built in every program)
 DEFAULT_PDL = False  # merge launched as a programmatic dependent (sm_90+)? the H200 study timed it no faster
 DEFAULT_TILE = 64  # tokens per loop step on a GPU unless tile= says (16-token steps left half the bandwidth unused)
@@ -50,6 +49,7 @@ DEFAULT_MERGE = "launch"  # how split partials are merged unless merge= says: th
 last_decode_kernel = None  # the compiled decode kernel of the latest call: n_regs / n_spills / metadata.shared
 last_decode_loop = None  # the decode loop the latest call ran: "v1", "v2" (prefetch) or "v3" (TMA)
 _tickets: dict[torch.device, list[torch.Tensor]] = {}  # merge="ticket": per device, its counters (last is current)
+_smem: dict[torch.device, int] = {}  # per device: shared memory per SM (tma_config)
 _pdl_ok: dict[torch.device, bool] = {}  # per device: programmatic dependent launch available (sm_90+)
 
 
@@ -417,12 +417,28 @@ def tma_splits(tile: int, max_len: int) -> int:
     return 1 if tile >= 128 or max_len < 4096 else 2
 
 
-def tma_config(batch: int, hkv: int, sms: int) -> tuple[int, int]:
-    """v3's (num_warps, num_stages): ``TMA_CONFIG`` while batch * Hkv programs fit one per SM, ``TMA_CONFIG_WIDE``
-    past that. At 3 stages a program with 128-token blocks holds 136 KiB of shared memory on sm_90
-    (results/aot_resources_paged_v3_sm90.txt), so one fits an SM and B=32 (256 programs) runs in two waves;
-    at 2 stages (72 KiB) they all fit at once."""
-    return TMA_CONFIG if batch * hkv <= sms else TMA_CONFIG_WIDE
+def tma_config(batch: int, hkv: int, sms: int, block_size: int, head_dim: int, element_size: int,
+               shared_per_sm: int) -> tuple[int, int]:
+    """v3's (num_warps, num_stages): ``TMA_CONFIG``, with fewer stages only where that is what lets every one of
+    the batch * Hkv programs be resident at once. A program holds (stages - 1) copies of a block's K and V plus
+    a few KiB (sm_90: 72 / 136 KiB at 2 / 3 stages with 128-token blocks, 38 / 70 KiB with 64-token ones:
+    results/aot_resources_paged_v3_sm90.txt). At B=32 (256 programs on 132 SMs) 128-token blocks at 3 stages fit
+    one program per SM and ran in two waves; at 2 stages, 1.09x faster at L=1K. 64-token blocks fit three per SM
+    at 3 stages and ran 1.07x faster there than at 2 (paged_decode_tma_stages_bs*_h200.json)."""
+    warps, stages = TMA_CONFIG
+    per_sm = -(-batch * hkv // sms)  # programs each SM must hold for one wave
+    while stages > 2 and per_sm * ((stages - 1) * 2 * block_size * head_dim * element_size + 8192) > shared_per_sm:
+        stages -= 1
+    return warps, stages
+
+
+def _shared_per_sm(device) -> int:
+    """Shared memory per SM in bytes (asked once per device); 228 KiB (sm_90) where torch does not say."""
+    device = torch.device(device)
+    if device not in _smem:
+        props = torch.cuda.get_device_properties(device)
+        _smem[device] = int(getattr(props, "shared_memory_per_multiprocessor", 228 * 1024))
+    return _smem[device]
 
 
 def tma_rule(batch: int, hkv: int, block_size: int, sms: int) -> bool:
@@ -598,8 +614,11 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
-    table_warps, table_stages = (tma_config(B, Hkv, _num_sms(q.device)) if use_tma and not INTERPRETED
-                                 else TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len))
+    if use_tma and not INTERPRETED:
+        table_warps, table_stages = tma_config(B, Hkv, _num_sms(q.device), block_size, D, k_cache.element_size(),
+                                               _shared_per_sm(q.device))
+    else:
+        table_warps, table_stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}
     stages = num_stages if num_stages is not None else table_stages
     if stages is not None:
