@@ -171,7 +171,7 @@ def paged(args):
             r = compile_sm90(kern, types, consts, w, s)
             print(f"{w:5d} {s:6d} {r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
                   + (f"  {loop_loads(r['ttgir'])}" if args.ir else ""), flush=True)
-    if args.tma:  # v3 of the loop (TMA=True): one block per step, its K and V boxes through host descriptors
+    if args.tma:  # v3 of the loop (TMA=True): whole blocks per step, each block's K and V boxes through host descriptors
         print("v3 (TMA=True), host descriptors, one split (DIRECT); tile = tokens per step (whole blocks)")
         for bs, tile in ((64, 64), (128, 128), (16, 64), (16, 128)):
             desc = f"tensordesc<bf16[{bs},128]>"

@@ -43,6 +43,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels14-b")    #   v3 the default up to 2x the SMs: grid
 #                run(command="bash benchmarks/gpu_session.sh kernels14-c")    #   2 stages past the SMs; grid, 64 too
 #                run(command="bash benchmarks/gpu_session.sh kernels14-d")    #   stages by shared memory; the grid again
+#                run(command="bash benchmarks/gpu_session.sh kernels14-e")    #   B=24 with the default of kernels14-d
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -567,6 +568,18 @@ kernels14-d)  # issue 12: kernels14-c's 2 stages past the SM count helped 128-to
     > "$OUT/paged_attention_h200.txt" 2>&1; echo "grid rc=$?"; grep -E "^ +(16|32) " "$OUT/paged_attention_h200.txt" | grep -v "num_splits\|tile="
   timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py -k "tma or default" \
     > "$OUT/kernel_tests_kernels14d.txt" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/kernel_tests_kernels14d.txt" ;;
+kernels14-e)  # issue 12: the widened rule covers B=17-33 (Hkv=8); B=24 was measured only with descriptors built in the
+  # kernel at 3 stages (128-token blocks 0.93 / 0.99x v1). v1 against the default v3 (host descriptors, tma_config) at
+  # B=24, block sizes 128 and 64; then the several-blocks tests compiled (tma_config now sizes the step)
+  for bs in 128 64; do
+    timeout 70 python3 benchmarks/paged_decode_study.py --parts tma sdpa --block-size $bs --batches 24 \
+      --lengths 1024 4096 16384 --tma-host 1 --tma-sweep-min-batch 999 \
+      --out "$OUT/paged_decode_tma_b24_bs${bs}_h200.json" > "$OUT/paged_decode_tma_b24_bs${bs}_h200.txt" 2>&1
+    echo "b24 bs$bs rc=$?"; grep -E "tma=|sdpa_cudnn" "$OUT/paged_decode_tma_b24_bs${bs}_h200.txt"
+  done
+  timeout 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py \
+    -k "several_blocks or default_runs_tma or tma_config" > "$OUT/kernel_tests_kernels14e.txt" 2>&1
+  echo "tests rc=$?"; tail -1 "$OUT/kernel_tests_kernels14e.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

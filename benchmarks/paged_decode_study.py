@@ -34,8 +34,8 @@ default all), one JSON:
   "hnd" (head, slot, dim), where they lie side by side (a block of one head is one contiguous run), passed
   to the same kernel as a permuted view. Each at the default configuration, then "hnd" over
   --layout-tiles x --layout-warps x --layout-stages at the default splits, and the pieces of an "hnd" call.
-* ``tma``: the v3 loop (``tma=True``: one block per step, its K and V copied whole by TMA) against v1,
-  both at the default configuration, then, at B >= --tma-sweep-min-batch, v3 over split counts (one, half
+* ``tma``: the v3 loop (``tma=True``: whole blocks per step, one by default or --tma-tiles tokens, each
+  block's K and V copied whole by TMA) against v1, both at the default configuration, then, at B >= --tma-sweep-min-batch, v3 over split counts (one, half
   the default, the default) x --tma-warps x --tma-stages, with v3's two descriptors built by every program in the kernel
   and/or made once on the host (--tma-host, ``TMA_HOST_DESCRIPTORS``). One split needs no merge launch at all, if
   one program per (sequence, KV head) can stream fast enough on its own.
@@ -186,8 +186,8 @@ def main(argv=None):
             def measure(row, kc, vc, table, warps, stages, merge, **knobs):
                 """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
                 # v3's own default launch configuration
-                dcfg = (pa.tma_config(B, hkv, lim["sms"], bs, d, 2, pa._shared_per_sm(q.device)) if knobs.get("tma")
-                        else default_cfg)
+                dcfg = (pa.tma_config(B, hkv, lim["sms"], knobs.get("tile", bs), d, 2, pa._shared_per_sm(q.device))
+                        if knobs.get("tma") else default_cfg)
                 cfg = (warps if warps is not None else dcfg[0], stages if stages is not None else dcfg[1])
                 if knobs.get("prefetch"):  # v2's loop does not pipeline: the stages do not apply
                     cfg = (cfg[0], None)

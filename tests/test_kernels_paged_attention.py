@@ -375,6 +375,16 @@ def test_tma_config_fewer_stages_only_where_all_programs_then_fit(batch, block_s
     assert pa.tma_config(batch, 8, 132, block_size, 128, 2, 228 * 1024) == (pa.TMA_CONFIG[0], stages)
 
 
+def test_tma_config_sizes_shared_memory_by_the_step():
+    """Several blocks per step take that many times a block's buffers: 2 x 128-token blocks at B=16 need 264 KiB at
+    3 stages, so 2 stages; a step whose one buffer does not fit raises instead of failing to launch."""
+    assert pa.tma_shared_bytes(3, 128, 128, 2) == 136 * 1024 and pa.tma_shared_bytes(2, 128, 128, 2) == 72 * 1024
+    assert pa.tma_config(16, 8, 132, 128, 128, 2, 228 * 1024)[1] == 3
+    assert pa.tma_config(16, 8, 132, 256, 128, 2, 228 * 1024)[1] == 2
+    with pytest.raises(ValueError, match="smaller tile"):
+        pa.tma_config(16, 8, 132, 1024, 128, 2, 228 * 1024)
+
+
 @pytest.mark.parametrize("tile,max_len,want", [(128, 1024, 1), (128, 16384, 1), (64, 1024, 1), (64, 4096, 2)])
 def test_tma_splits_from_the_study(tile, max_len, want):
     assert pa.tma_splits(tile, max_len) == want

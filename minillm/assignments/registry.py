@@ -200,7 +200,8 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
               "the pools' 2-D views", stretch=True),
          Part("kernels/paged_attention.py", "_decode_loop_tma",
               "v3 of the loop: the descriptors (K_DESC / V_DESC from the host, or built here), the split's full "
-              "blocks unmasked, then its last block masked if it runs past end", stretch=True)),
+              "steps of TILE // BLOCK_SIZE blocks unmasked, then its last step's blocks masked if it runs past end",
+              stretch=True)),
         (5, 8),
         "The allocator keeps its invariants under random operation sequences, forks copy exactly one block "
         "on write, and the kernel matches the NumPy paged reference.",

@@ -397,8 +397,9 @@ def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     table). v3 keeps a whole block in flight while it computes the one before, so one program per (sequence,
     KV head) streams fast enough on its own, and one or two splits (``tma_splits``) need no or one small
     merge. That wins where batch * Hkv alone about fills the SMs once or twice (more than half of them, at
-    most twice: B=12 to 32 there) with blocks of 64 tokens or more: at B=32, v3 ran at 1.03-1.12x v1 with
-    128-token blocks and 1.05-1.12x with 64-token ones. At B=64 (four times the programs of B=16) v1, which
+    most twice: B=9 to 33 there) with blocks of 64 tokens or more: at B=12 and 16 (1.01-1.46x v1 with the
+    default's own configuration), and at B=32, where v3 ran at 1.03-1.06x v1 with 128-token blocks and
+    1.05-1.12x with 64-token ones. At B=64 (four times the programs of B=16) v1, which
     runs one split there too, won or tied; below half the SMs one split leaves SMs idle and v1 splits. With
     16-token blocks a step is too small (v3 ran at 0.54-0.71x v1 at the defaults, its best configuration at
     B >= 16 at most 0.87x), and taking several blocks per step did not help (``tile=``: each block its own box
@@ -417,17 +418,27 @@ def tma_splits(tile: int, max_len: int) -> int:
     return 1 if tile >= 128 or max_len < 4096 else 2
 
 
-def tma_config(batch: int, hkv: int, sms: int, block_size: int, head_dim: int, element_size: int,
+def tma_shared_bytes(stages: int, tile: int, head_dim: int, element_size: int) -> int:
+    """Shared memory one v3 program holds, as Triton 3.6 compiles it for sm_90: (stages - 1) buffers of a
+    step's K and V plus about 8 KiB (72 / 136 KiB at 2 / 3 stages with 128-token steps, D=128, bf16;
+    results/aot_resources_paged_v3_sm90.txt lists the compiled numbers this model follows)."""
+    return max(stages - 1, 1) * 2 * tile * head_dim * element_size + 8192
+
+
+def tma_config(batch: int, hkv: int, sms: int, tile: int, head_dim: int, element_size: int,
                shared_per_sm: int) -> tuple[int, int]:
     """v3's (num_warps, num_stages): ``TMA_CONFIG``, with fewer stages only where that is what lets every one of
-    the batch * Hkv programs be resident at once. A program holds (stages - 1) copies of a block's K and V plus
-    a few KiB (sm_90: 72 / 136 KiB at 2 / 3 stages with 128-token blocks, 38 / 70 KiB with 64-token ones:
-    results/aot_resources_paged_v3_sm90.txt). At B=32 (256 programs on 132 SMs) 128-token blocks at 3 stages fit
-    one program per SM and ran in two waves; at 2 stages, 1.09x faster at L=1K. 64-token blocks fit three per SM
-    at 3 stages and ran 1.07x faster there than at 2 (paged_decode_tma_stages_bs*_h200.json)."""
+    the batch * Hkv programs be resident at once (``tma_shared_bytes`` each; ``tile``: tokens per step). At
+    B=32 (256 programs on 132 SMs) 128-token blocks at 3 stages fit one program per SM and ran in two waves; at
+    2 stages, 1.09x faster at L=1K. 64-token blocks fit three per SM at 3 stages and ran 1.07x faster there
+    than at 2 (paged_decode_tma_stages_bs*_h200.json). Raises ValueError for a step too large to fit an SM
+    even at 2 stages (one buffer)."""
     warps, stages = TMA_CONFIG
+    if tma_shared_bytes(2, tile, head_dim, element_size) > shared_per_sm:
+        raise ValueError(f"a v3 step of {tile} tokens needs {tma_shared_bytes(2, tile, head_dim, element_size)} "
+                         f"bytes of shared memory; an SM has {shared_per_sm}: pass a smaller tile")
     per_sm = -(-batch * hkv // sms)  # programs each SM must hold for one wave
-    while stages > 2 and per_sm * ((stages - 1) * 2 * block_size * head_dim * element_size + 8192) > shared_per_sm:
+    while stages > 2 and per_sm * tma_shared_bytes(stages, tile, head_dim, element_size) > shared_per_sm:
         stages -= 1
     return warps, stages
 
@@ -539,6 +550,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     several blocks gives each step that many, each its own copy, measured slower); None: v3 where :func:`prefers_tma` says so (then with ``tma_splits`` splits and
     :func:`tma_config`'s warps and stages, unless the knobs say otherwise), else v1 or v2.
     ``tma=True`` on caches it cannot read (:func:`tma_unsupported`) raises; the default falls back there.
+    Under the default (``tma=None``) an explicit ``tile`` asks for v1's loop, even one equal to the block size.
     ``last_decode_loop`` says which loop ran.
 
     A sequence of length 0 (possible only with ``validate=False``) gives NaN rows (0 / 0), as the
@@ -615,7 +627,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
     if use_tma and not INTERPRETED:
-        table_warps, table_stages = tma_config(B, Hkv, _num_sms(q.device), block_size, D, k_cache.element_size(),
+        table_warps, table_stages = tma_config(B, Hkv, _num_sms(q.device), tile, D, k_cache.element_size(),
                                                _shared_per_sm(q.device))
     else:
         table_warps, table_stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
