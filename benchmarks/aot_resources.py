@@ -195,9 +195,42 @@ def paged(args):
                       f"{r['shared_bytes'] / 1024:.1f} KiB  {loop_loads(r['ttgir'])}", flush=True)
 
 
+def heads(args) -> None:
+    """The all-heads paged kernel (minillm/kernels/paged_heads.py): one (block_size * Hkv, D) box per step."""
+    mod = load_compiled("paged_heads", {"from ..paged.attention import": "from minillm.paged.attention import",
+                                        "from . import INTERPRETED, check_placement, check_tensors": STUB,
+                                        "from .launch import next_power_of_2": "next_power_of_2 = None",
+                                        "from .flash_attention import _ensure_allocator, _num_sms":
+                                            "_ensure_allocator = _num_sms = None",
+                                        "from .paged_attention import SUPPORTED_DTYPES, _merge_splits_kernel, "
+                                        "_shared_per_sm, split_plan":
+                                            "SUPPORTED_DTYPES = _merge_splits_kernel = _shared_per_sm = split_plan = None"})
+    kern = mod._paged_heads_kernel
+
+    types = {n: "i32" for n in kern.arg_names}
+    types.update({n: "*bf16" for n in ("Q", "KC", "VC", "OUT")})
+    types.update({n: "*fp32" for n in ("M_OUT", "L_OUT", "O_OUT")})
+    types.update(TABLE="*i32", LENS="*i32", qk_scale="fp32")
+    print("all-heads kernel, host descriptors; bf16, Hq=32, Hkv=8, D=128; DIRECT: one split")
+    for bs in (16, 32):
+        desc = f"tensordesc<bf16[{bs * 8},128]>"
+        for direct in (True, False):
+            for w in (4, 8):
+                for st in (2, 3, 4):
+                    consts = dict(BLOCK_SIZE=bs, HKV=8, GROUP=4, HQ_PAD=32, HEAD_DIM=128, DIRECT=direct, IEEE=False)
+                    try:
+                        r = compile_sm90(kern, {**types, "K_DESC": desc, "V_DESC": desc}, consts, w, st)
+                        shown = (f"regs {r['regs']} stack {r['stack_bytes']} B smem {r['shared_bytes'] / 1024:.1f} KiB"
+                                 f"  {tma_loop(r['ttgir'])}")
+                    except Exception as e:  # out of shared memory at compile time
+                        shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
+                    print(f"block {bs:3d} {'direct' if direct else 'split '} warps {w} stages {st}: {shown}",
+                          flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=["backward", "paged"], default="backward")
+    ap.add_argument("--kernel", choices=["backward", "paged", "heads"], default="backward")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--impl", choices=list(BWD_VERSIONS), default="v2", help="backward: which version's sweep")
     ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
@@ -205,7 +238,7 @@ def main(argv=None):
     ap.add_argument("--ir", action="store_true", help="paged: also how the main loop moves data (from the TTGIR), "
                     "and v2 of the loop")
     args = ap.parse_args(argv)
-    backward(args) if args.kernel == "backward" else paged(args)
+    {"backward": backward, "paged": paged, "heads": heads}[args.kernel](args)
 
 
 if __name__ == "__main__":

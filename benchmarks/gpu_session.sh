@@ -44,6 +44,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels14-c")    #   2 stages past the SMs; grid, 64 too
 #                run(command="bash benchmarks/gpu_session.sh kernels14-d")    #   stages by shared memory; the grid again
 #                run(command="bash benchmarks/gpu_session.sh kernels14-e")    #   B=24 with the default of kernels14-d
+#                run(command="bash benchmarks/gpu_session.sh kernels15")      # paged: one box per block, all KV heads
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -580,6 +581,15 @@ kernels14-e)  # issue 12: the widened rule covers B=17-33 (Hkv=8); B=24 was meas
   timeout 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_attention.py \
     -k "several_blocks or default_runs_tma or tma_config" > "$OUT/kernel_tests_kernels14e.txt" 2>&1
   echo "tests rc=$?"; tail -1 "$OUT/kernel_tests_kernels14e.txt" ;;
+kernels15)  # issue 12: the paged gap left is 16-token blocks at B >= 16. In the engine's (slot, head, dim) pool a block of
+  # every KV head is one contiguous run (32 KiB at 16 tokens x 8 heads, D=128): the all-heads kernel copies it as one
+  # TMA box per step (minillm/kernels/paged_heads.py; interpreter-tested, AOT-compiled, never run compiled before).
+  # Its compiled tests, then against v1 (and v3) and SDPA at B 1/16/32/64, swept over splits x warps x stages
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_paged_heads.py \
+    > "$OUT/kernel_tests_kernels15.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels15.txt"
+  timeout 330 python3 benchmarks/paged_decode_study.py --parts heads sdpa --block-size 16 --batches 16 32 64 1 \
+    --lengths 1024 4096 16384 --out "$OUT/paged_decode_heads_bs16_h200.json" > "$OUT/paged_decode_heads_bs16_h200.txt" 2>&1
+  echo "heads rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_heads_bs16_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

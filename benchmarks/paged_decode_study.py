@@ -34,6 +34,9 @@ default all), one JSON:
   "hnd" (head, slot, dim), where they lie side by side (a block of one head is one contiguous run), passed
   to the same kernel as a permuted view. Each at the default configuration, then "hnd" over
   --layout-tiles x --layout-warps x --layout-stages at the default splits, and the pieces of an "hnd" call.
+* ``heads``: the all-heads kernel (``minillm/kernels/paged_heads.py``: one box per block for every KV head)
+  against v1 (and v3 where the default runs it), at its defaults, then over split counts (half, its default,
+  twice) x --heads-warps x --heads-stages.
 * ``tma``: the v3 loop (``tma=True``: whole blocks per step, one by default or --tma-tiles tokens, each
   block's K and V copied whole by TMA) against v1, both at the default configuration, then, at B >= --tma-sweep-min-batch, v3 over split counts (one, half
   the default, the default) x --tma-warps x --tma-stages, with v3's two descriptors built by every program in the kernel
@@ -62,6 +65,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minillm.kernels import paged_attention as pa  # noqa: E402  (first: interpreter vs compiled)
+from minillm.kernels import paged_heads as ph  # noqa: E402
 
 from _common import run_meta, write_results  # noqa: E402
 from paged_attention_bench import bench_ms, decode_case, tbps, time_sdpa, to_pages  # noqa: E402
@@ -75,7 +79,7 @@ def _empty_kernel(X, n):
     if n < 0:  # never true; keeps the arguments used
         tl.store(X, 0.0)
 
-PARTS = ("table", "resources", "sweep", "merge", "loops", "pieces", "layout", "tma", "sdpa")
+PARTS = ("table", "resources", "sweep", "merge", "loops", "pieces", "layout", "tma", "heads", "sdpa")
 
 
 def sm_limits(device=0) -> dict:
@@ -128,6 +132,8 @@ def main(argv=None):
     ap.add_argument("--tma-stages", type=int, nargs="+", default=[2, 3, 4], help="tma: v3's num_stages")
     ap.add_argument("--tma-tiles", type=int, nargs="+", default=None,
                     help="tma: v3's tokens per step, whole blocks (default: the block size)")
+    ap.add_argument("--heads-warps", type=int, nargs="+", default=[4, 8], help="heads: num_warps")
+    ap.add_argument("--heads-stages", type=int, nargs="+", default=[2, 3], help="heads: num_stages")
     ap.add_argument("--tma-host", type=int, nargs="+", default=[0], choices=[0, 1],
                     help="tma: v3's descriptors built in the kernel (0) and/or made on the host (1)")
     ap.add_argument("--tma-sweep-min-batch", type=int, default=16, help="tma: sweep v3 at batches from this on")
@@ -185,15 +191,24 @@ def main(argv=None):
 
             def measure(row, kc, vc, table, warps, stages, merge, **knobs):
                 """Check one configuration (knobs: more paged_attention arguments) against SDPA, time it, save the row."""
-                # v3's own default launch configuration
-                dcfg = (pa.tma_config(B, hkv, lim["sms"], knobs.get("tile", bs), d, 2, pa._shared_per_sm(q.device))
-                        if knobs.get("tma") else default_cfg)
+                # v3's and the all-heads kernel's own default launch configurations
+                if knobs.get("heads"):
+                    dcfg = ph.heads_config(bs, hkv, d, 2, pa._shared_per_sm(q.device))
+                elif knobs.get("tma"):
+                    dcfg = pa.tma_config(B, hkv, lim["sms"], knobs.get("tile", bs), d, 2, pa._shared_per_sm(q.device))
+                else:
+                    dcfg = default_cfg
                 cfg = (warps if warps is not None else dcfg[0], stages if stages is not None else dcfg[1])
                 if knobs.get("prefetch"):  # v2's loop does not pipeline: the stages do not apply
                     cfg = (cfg[0], None)
                 row["config"] = list(cfg)
 
+                heads = knobs.pop("heads", False)  # the all-heads kernel (minillm/kernels/paged_heads.py)
+
                 def call():
+                    if heads:
+                        return ph.paged_attention_heads(q, kc, vc, table, lens, validate=False, num_warps=warps,
+                                                        num_stages=stages, num_splits=knobs.get("num_splits"))
                     return pa.paged_attention(q, kc, vc, table, lens, validate=False, num_warps=warps,
                                               num_stages=stages, merge=merge, **knobs)
                 try:
@@ -201,7 +216,7 @@ def main(argv=None):
                     _, n = pa.split_plan(L, knobs.get("num_splits", splits), knobs.get("tile", pa.DEFAULT_TILE))
                     row["splits_run"] = n
                     extra = "".join(f" {k}={v}" for k, v in knobs.items() if k != "num_splits")
-                    fit = note_resources(*cfg, variant(merge, n) + extra)
+                    fit = None if heads else note_resources(*cfg, variant(merge, n) + extra)
                     ms, how = bench_ms(call)
                     row.update(ms=ms, timing=how, tbps=tbps(kv_bytes, ms))
                     if fit:  # programs / (programs resident at once on all SMs)
@@ -246,7 +261,7 @@ def main(argv=None):
                 print(f"B={B:3d} L={L:6d} pieces  " + ", ".join(f"{k} {v:.1f} us" for k, v in got.items()), flush=True)
 
             tables = {}
-            if parts & {"table", "resources", "sweep", "merge", "loops", "pieces", "layout", "tma"}:
+            if parts & {"table", "resources", "sweep", "merge", "loops", "pieces", "layout", "tma", "heads"}:
                 tables["scattered"] = torch.randperm(B * nb, device=q.device).to(torch.int32).view(B, nb)
             if "table" in parts:
                 tables["in_order"] = torch.arange(B * nb, device=q.device, dtype=torch.int32).view(B, nb)
@@ -319,6 +334,19 @@ def main(argv=None):
                                                     tma=True, tile=tt, num_splits=n)
                         finally:
                             pa.TMA_HOST_DESCRIPTORS = host_default
+                if "heads" in parts:
+                    row = {**base, "part": "heads", "table": tname, "num_warps": None, "num_stages": None,
+                           "merge": pa.DEFAULT_MERGE}
+                    measure({**row, "loop": "v1"}, kc, vc, table, None, None, None, tma=False)
+                    if pa.prefers_tma(B, hkv, bs, q.device):  # what the default runs there
+                        measure({**row, "loop": "v3"}, kc, vc, table, None, None, None, tma=True)
+                    measure({**row, "loop": "heads"}, kc, vc, table, None, None, None, heads=True)
+                    hs = ph.default_heads_splits(B, L, bs, q.device)
+                    for n in sorted({max(1, hs // 2), hs, 2 * hs}):
+                        for w in args.heads_warps:
+                            for st in args.heads_stages:
+                                measure({**row, "loop": "heads", "num_warps": w, "num_stages": st, "num_splits": n},
+                                        kc, vc, table, w, st, None, heads=True, num_splits=n)
                 del kc, vc
                 if "layout" in parts:
                     for lay in ("nhd", "hnd"):
@@ -397,6 +425,13 @@ def main(argv=None):
                       f"{t3s.get('num_splits', t3s['default_splits'])}) | /sdpa "
                       + (f"{t1['tbps'] / sd['tbps']:.2f} {t3['tbps'] / sd['tbps']:.2f} {t3s['tbps'] / sd['tbps']:.2f}"
                          if sd else "-"), flush=True)
+            hv1 = best(rows, B, L, lambda r: r["part"] == "heads" and r["loop"] == "v1")
+            hd = best(rows, B, L, lambda r: r["part"] == "heads" and r["loop"] == "heads" and "num_splits" not in r)
+            hb = best(rows, B, L, lambda r: r["part"] == "heads" and r["loop"] == "heads")
+            if hv1 and hd and sd:
+                print(f"    heads: v1 {f(hv1)} | all-heads default {f(hd)} | best {f(hb)} (config {hb['config']}, "
+                      f"splits {hb.get('num_splits', '-')}) | /sdpa {hv1['tbps'] / sd['tbps']:.2f} "
+                      f"{hd['tbps'] / sd['tbps']:.2f} {hb['tbps'] / sd['tbps']:.2f}", flush=True)
             for name, r in (("v2", v2), ("v1 swept", v1s)):  # the loops part: v1's default against the best swept
                 if r:
                     print(f"    loops: v1 default {f(v1)} | best {name} {f(r)} (tile {r['tile']}, warps "
