@@ -96,6 +96,16 @@ def tma_loop(ttgir: str) -> str:
             f"{after} of the copies issued after the step's last dot")
 
 
+def tma_resources(kernel, types: dict, consts: dict, warps: int, stages: int) -> str:
+    """One line on a TMA kernel compiled for sm_90: registers, stack, shared memory and how its main loop moves
+    data (``tma_loop``), or the compile error (out of shared memory at compile time)."""
+    try:
+        r = compile_sm90(kernel, types, consts, warps, stages)
+    except Exception as e:
+        return f"ERROR {type(e).__name__}: {str(e)[:80]}"
+    return f"regs {r['regs']} stack {r['stack_bytes']} B smem {r['shared_bytes'] / 1024:.1f} KiB  {tma_loop(r['ttgir'])}"
+
+
 # per backward version: the sweep list in flash_attention_bwd_bench.py, and the kernel's constexprs
 BWD_VERSIONS = {"v2": ("SWEEP", dict(TMA=False, SIDE=0)), "v3": ("SWEEP_TMA", dict(TMA=True, SIDE=0)),
                 "v5": ("SWEEP_ATOMIC", dict(TMA=True, SIDE=1, DQ_ATOMIC=2))}
@@ -179,12 +189,7 @@ def paged(args):
                 for st in (2, 3, 4):
                     c3 = {**consts, "BLOCK_SIZE": bs, "TILE": tile, "TMA": True, "DIRECT": True, "SPLITS_PAD": 2}
                     c3.pop("K_DESC"), c3.pop("V_DESC")
-                    try:
-                        r = compile_sm90(kern, {**types, "K_DESC": desc, "V_DESC": desc}, c3, w, st)
-                        shown = (f"regs {r['regs']} stack {r['stack_bytes']} B smem {r['shared_bytes'] / 1024:.1f} KiB"
-                                 f"  {tma_loop(r['ttgir'])}")
-                    except Exception as e:  # out of shared memory at compile time
-                        shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
+                    shown = tma_resources(kern, {**types, "K_DESC": desc, "V_DESC": desc}, c3, w, st)
                     print(f"block {bs:3d} tile {tile:3d} warps {w} stages {st}: {shown}", flush=True)
     if args.ir:  # v2 of the loop (prefetch=True) at its tiles and warps; its loop ignores num_stages
         print("v2 (PREFETCH=True), num_stages=1")
@@ -197,14 +202,13 @@ def paged(args):
 
 def heads(args) -> None:
     """The all-heads paged kernel (minillm/kernels/paged_heads.py): one (block_size * Hkv, D) box per step."""
-    mod = load_compiled("paged_heads", {"from ..paged.attention import": "from minillm.paged.attention import",
-                                        "from . import INTERPRETED, check_placement, check_tensors": STUB,
+    mod = load_compiled("paged_heads", {"from . import INTERPRETED\n": "INTERPRETED = False\n",
                                         "from .launch import next_power_of_2": "next_power_of_2 = None",
                                         "from .flash_attention import _ensure_allocator, _num_sms":
                                             "_ensure_allocator = _num_sms = None",
-                                        "from .paged_attention import SUPPORTED_DTYPES, _merge_splits_kernel, "
-                                        "_shared_per_sm, split_plan":
-                                            "SUPPORTED_DTYPES = _merge_splits_kernel = _shared_per_sm = split_plan = None"})
+                                        "from .paged_attention import _merge_splits_kernel, _shared_per_sm, "
+                                        "decode_dims, split_plan":
+                                            "_merge_splits_kernel = _shared_per_sm = decode_dims = split_plan = None"})
     kern = mod._paged_heads_kernel
 
     types = {n: "i32" for n in kern.arg_names}
@@ -218,12 +222,7 @@ def heads(args) -> None:
             for w in (4, 8):
                 for st in (2, 3, 4):
                     consts = dict(BLOCK_SIZE=bs, HKV=8, GROUP=4, HQ_PAD=32, HEAD_DIM=128, DIRECT=direct, IEEE=False)
-                    try:
-                        r = compile_sm90(kern, {**types, "K_DESC": desc, "V_DESC": desc}, consts, w, st)
-                        shown = (f"regs {r['regs']} stack {r['stack_bytes']} B smem {r['shared_bytes'] / 1024:.1f} KiB"
-                                 f"  {tma_loop(r['ttgir'])}")
-                    except Exception as e:  # out of shared memory at compile time
-                        shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
+                    shown = tma_resources(kern, {**types, "K_DESC": desc, "V_DESC": desc}, consts, w, st)
                     print(f"block {bs:3d} {'direct' if direct else 'split '} warps {w} stages {st}: {shown}",
                           flush=True)
 

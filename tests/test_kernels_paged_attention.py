@@ -256,15 +256,37 @@ def test_paged_attention_kernel_tma_loop_reads_a_head_major_pool(host_desc, rng,
     torch.testing.assert_close(got, paged_attention(q, kc, vc, table, lens, num_splits=2, tma=True), atol=0, rtol=0)
 
 
-def test_paged_attention_kernel_tma_loop_ignores_what_lies_past_a_sequence(rng):
-    """Slots past a sequence's end in its last block may hold anything, NaN included: v3 masks their scores
-    and zeroes their values, so the output is the reference's."""
+def dirty_past_the_ends(rng):
+    """A clean paged case (16-token blocks) and its caches with NaN K and Inf V in every slot past a sequence's end
+    in its last block: (q, kc, vc, table, lens), (dirty_k, dirty_v)."""
     q, kc, vc, table, lens = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=16, lens=(5, 40), B=2, num_blocks=10)
     dirty_k, dirty_v = kc.copy(), vc.copy()
     for b, n in enumerate(lens):
         last = table[b, (n - 1) // 16]
         dirty_k[last, n % 16 or 16:] = np.nan
         dirty_v[last, n % 16 or 16:] = np.inf
+    return (q, kc, vc, table, lens), (dirty_k, dirty_v)
+
+
+def poisoned_pool(rng):
+    """A paged case whose pool has a block 0 of NaN K and Inf V that no table entry names, and a copy of its table
+    with entries outside the pool: inside sequence 2, at sequence 1's start (negative), and past sequence 0's one
+    token. Returns (q, kc, vc, table, bad, lens)."""
+    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
+    kc = np.concatenate([np.full_like(kc[:1], np.nan), kc])
+    vc = np.concatenate([np.full_like(vc[:1], np.inf), vc])
+    table = table + 1
+    bad = table.copy()
+    bad[2, 1] = 10_000_000
+    bad[1, 0] = -5
+    bad[0, 1:] = 2**31 - 1
+    return q, kc, vc, table, bad, lens
+
+
+def test_paged_attention_kernel_tma_loop_ignores_what_lies_past_a_sequence(rng):
+    """Slots past a sequence's end in its last block may hold anything, NaN included: v3 masks their scores
+    and zeroes their values, so the output is the reference's."""
+    (q, kc, vc, table, lens), (dirty_k, dirty_v) = dirty_past_the_ends(rng)
     got = paged_attention(*to_torch((q, dirty_k, dirty_v, table, lens), torch.float32), tma=True).cpu().numpy()
     np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, lens), atol=2e-5)
 
@@ -275,14 +297,7 @@ def test_paged_attention_kernel_tma_loop_never_reads_outside_the_pool(host_desc,
     descriptor, and its scores are masked): finite numbers even with NaN and Inf in a block no table uses (block
     0, where a clamped entry would land), the untouched sequence's right ones, and v1's numbers for the others."""
     monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host_desc)
-    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
-    kc = np.concatenate([np.full_like(kc[:1], np.nan), kc])  # a poisoned block 0 that no table entry names
-    vc = np.concatenate([np.full_like(vc[:1], np.inf), vc])
-    table = table + 1
-    bad = table.copy()
-    bad[2, 1] = 10_000_000
-    bad[1, 0] = -5
-    bad[0, 1:] = 2**31 - 1
+    q, kc, vc, table, bad, lens = poisoned_pool(rng)
     args = to_torch((q, kc, vc, bad, lens), torch.float32)
     out = paged_attention(*args, validate=False, tma=True).cpu().numpy()
     assert np.isfinite(out).all()

@@ -10,7 +10,7 @@ from minillm.kernels.paged_attention import paged_attention  # noqa: E402
 from minillm.kernels.paged_heads import heads_unsupported, paged_attention_heads  # noqa: E402
 from minillm.paged.attention import paged_attention as paged_reference  # noqa: E402
 
-from .test_kernels_paged_attention import to_torch  # noqa: E402
+from .test_kernels_paged_attention import dirty_past_the_ends, poisoned_pool, to_torch  # noqa: E402
 from .test_paged_attention import random_paged  # noqa: E402
 
 
@@ -31,27 +31,17 @@ def test_paged_attention_heads_matches_reference(hq, hkv, block_size, num_splits
 
 def test_paged_attention_heads_ignores_what_lies_past_a_sequence(rng):
     """Slots past a sequence's end in its last block may hold NaN and Inf: masked scores, zeroed values."""
-    q, kc, vc, table, lens = random_paged(rng, Hq=4, Hkv=2, D=16, block_size=16, lens=(5, 40), B=2, num_blocks=10)
-    dirty_k, dirty_v = kc.copy(), vc.copy()
-    for b, n in enumerate(lens):
-        last = table[b, (n - 1) // 16]
-        dirty_k[last, n % 16 or 16:] = np.nan
-        dirty_v[last, n % 16 or 16:] = np.inf
+    (q, kc, vc, table, lens), (dirty_k, dirty_v) = dirty_past_the_ends(rng)
     got = paged_attention_heads(*to_torch((q, dirty_k, dirty_v, table, lens), torch.float32)).cpu().numpy()
     np.testing.assert_allclose(got, paged_reference(q, kc, vc, table, lens), atol=2e-5)
 
 
 @pytest.mark.parametrize("host_desc", [False, True])
 def test_paged_attention_heads_never_reads_outside_the_pool(host_desc, rng, monkeypatch):
-    """Table entries outside the pool (negative, past its end) are never read: finite output with NaN and Inf in a
-    block no table names (block 0, where a clamped entry would land), and v1's numbers."""
+    """Table entries outside the pool (negative, past its end, past a sequence's end) are never read: finite output
+    with NaN and Inf in a block no table names (block 0, where a clamped entry would land), and v1's numbers."""
     monkeypatch.setattr(ph, "HOST_DESCRIPTORS", host_desc)
-    q, kc, vc, table, lens = random_paged(rng, lens=(1, 17, 40), num_blocks=20)
-    kc = np.concatenate([np.full_like(kc[:1], np.nan), kc])
-    vc = np.concatenate([np.full_like(vc[:1], np.inf), vc])
-    bad = table + 1
-    bad[2, 1] = 10_000_000
-    bad[1, 0] = -5
+    q, kc, vc, table, bad, lens = poisoned_pool(rng)
     args = to_torch((q, kc, vc, bad, lens), torch.float32)
     out = paged_attention_heads(*args, validate=False).cpu().numpy()
     assert np.isfinite(out).all()

@@ -526,6 +526,17 @@ def _ticket_counters(device, n: int) -> torch.Tensor:
     return bufs[-1]
 
 
+def decode_dims(q, k_cache, v_cache, block_table, seq_lens, validate: bool) -> tuple[int, ...]:
+    """The checks every paged decode kernel's host code runs first (tensors, shapes, the table when ``validate``,
+    dtype, one device); returns (B, Hq, Hkv, D, block_size, num_blocks)."""
+    check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    dims = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, check_table=validate)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
+    check_placement(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    return dims
+
+
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None,
                     validate: bool = True, num_splits: int | None = None, tile: int | None = None,
                     num_warps: int | None = None, num_stages: int | None = None,
@@ -562,12 +573,7 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
     entry outside the pool, so it never reads out of bounds, but a bad table gives wrong numbers
     instead of an error.
     """
-    check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
-    B, Hq, Hkv, D, block_size, num_blocks = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens,
-                                                               check_table=validate)
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    check_placement(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    B, Hq, Hkv, D, block_size, num_blocks = decode_dims(q, k_cache, v_cache, block_table, seq_lens, validate)
     if D > 256:
         raise ValueError(f"unsupported head dim {D}: at most 256")
     if not 1 <= block_size <= 1024:
@@ -614,9 +620,10 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
                              f"times a power of two up to {TMA_MAX_BLOCKS_PER_STEP}, got {tile}")
         tile = tile or block_size  # one block per step: several (tile=) ran slower (paged_decode_tma_steps_*)
     tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
+    sms = _num_sms(q.device) if use_tma and not INTERPRETED else None  # v3's split count and stages read it
     if num_splits:
         splits = num_splits
-    elif use_tma and not INTERPRETED and B * Hkv > (sms := _num_sms(q.device)) // 2:
+    elif sms is not None and B * Hkv > sms // 2:
         # about a program per SM already: one or two splits; past the SMs, one
         splits = tma_splits(tile, max_len) if B * Hkv <= sms else 1
     else:
@@ -626,9 +633,8 @@ def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | N
         raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
     split_len, splits = split_plan(max_len, splits, tile)
     block_d = max(16, next_power_of_2(D))
-    if use_tma and not INTERPRETED:
-        table_warps, table_stages = tma_config(B, Hkv, _num_sms(q.device), tile, D, k_cache.element_size(),
-                                               _shared_per_sm(q.device))
+    if sms is not None:
+        table_warps, table_stages = tma_config(B, Hkv, sms, tile, D, k_cache.element_size(), _shared_per_sm(q.device))
     else:
         table_warps, table_stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
     launch = {"num_warps": 1 if INTERPRETED else (num_warps or table_warps)}

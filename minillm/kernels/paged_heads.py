@@ -27,11 +27,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..paged.attention import check_paged_inputs
-from . import INTERPRETED, check_placement, check_tensors
+from . import INTERPRETED
 from .flash_attention import _ensure_allocator, _num_sms
 from .launch import next_power_of_2
-from .paged_attention import SUPPORTED_DTYPES, _merge_splits_kernel, _shared_per_sm, split_plan
+from .paged_attention import _merge_splits_kernel, _shared_per_sm, decode_dims, split_plan
 
 MAX_BOX_ROWS = 256  # a TMA box has at most 256 rows: block_size * Hkv must fit
 HOST_DESCRIPTORS = True  # the two descriptors made on the host and passed in (else built in every program)
@@ -166,12 +165,7 @@ def paged_attention_heads(q, k_cache, v_cache, block_table, seq_lens, scale: flo
     kernel's ``num_warps`` / ``num_stages`` (None: ``heads_config``). Caches this kernel cannot read raise
     (``heads_unsupported`` says why). ``validate=False`` skips the host check of the table, as in
     ``paged_attention``; an entry outside the pool is still never read."""
-    check_tensors(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
-    B, Hq, Hkv, D, block_size, num_blocks = check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens,
-                                                               check_table=validate)
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    check_placement(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    B, Hq, Hkv, D, block_size, num_blocks = decode_dims(q, k_cache, v_cache, block_table, seq_lens, validate)
     why = heads_unsupported(k_cache, v_cache)
     if why:
         raise ValueError(f"paged_attention_heads cannot read these caches: {why}")
