@@ -213,7 +213,11 @@ def main(argv=None):
                                               num_stages=stages, merge=merge, **knobs)
                 try:
                     row["max_abs_diff_vs_sdpa"] = float((call().float() - want).abs().max())
-                    _, n = pa.split_plan(L, knobs.get("num_splits", splits), knobs.get("tile", pa.DEFAULT_TILE))
+                    if heads:  # the all-heads kernel's own split rule, in whole blocks
+                        _, n = pa.split_plan(L, knobs.get("num_splits") or ph.default_heads_splits(B, L, bs, q.device),
+                                             bs)
+                    else:
+                        _, n = pa.split_plan(L, knobs.get("num_splits", splits), knobs.get("tile", pa.DEFAULT_TILE))
                     row["splits_run"] = n
                     extra = "".join(f" {k}={v}" for k, v in knobs.items() if k != "num_splits")
                     fit = None if heads else note_resources(*cfg, variant(merge, n) + extra)
