@@ -66,8 +66,8 @@ def test_paged_attention_heads_rejects_what_it_cannot_read(rng):
 def test_heads_config_stages_by_shared_memory():
     """An H200 SM (228 KiB): 16 tokens x 8 heads at D=128, bf16 is 64 KiB a step, so 3 stages; 32 x 8 is 128 KiB,
     so 2; a step that cannot fit once raises."""
-    assert ph.heads_config(16, 8, 128, 2, 228 * 1024) == (8, 3)
-    assert ph.heads_config(32, 8, 128, 2, 228 * 1024) == (8, 2)
+    assert ph.heads_config(16, 8, 128, 2, 228 * 1024) == (4, 3)
+    assert ph.heads_config(32, 8, 128, 2, 228 * 1024) == (4, 2)
     with pytest.raises(ValueError, match="shared memory"):
         ph.heads_config(64, 8, 128, 2, 228 * 1024)
 

@@ -140,14 +140,17 @@ def heads_unsupported(k_cache, v_cache) -> str | None:
 
 
 def heads_config(block_size: int, hkv: int, head_dim: int, element_size: int, shared_per_sm: int) -> tuple[int, int]:
-    """(num_warps, num_stages) by default: 8 warps (at 4 the compiled kernel holds 255 registers a thread,
-    results/aot_resources_paged_heads_sm90.txt) and 3 stages where two buffers of a step's K and V plus
-    about 16 KiB fit an SM's shared memory, else 2 (a box of 32 tokens x 8 heads at D=128 needs 280 KiB at 3)."""
+    """(num_warps, num_stages) by default: 4 warps, and 3 stages where two buffers of a step's K and V plus
+    about 16 KiB fit an SM's shared memory, else 2 (a box of 32 tokens x 8 heads at D=128 needs 280 KiB at 3).
+    At 4 warps the compiled kernel holds 255 registers a thread (results/aot_resources_paged_heads_sm90.txt),
+    yet on the H200 (4, 3) was the fastest of warps {4, 8} x stages {2, 3} at every B >= 16 and L
+    measured with 16-token blocks; 8 warps, the first default, was slower at every point and split count
+    (results/paged_decode_heads_bs16_h200.json)."""
     step = 2 * block_size * hkv * head_dim * element_size
     if step + 16384 > shared_per_sm:
         raise ValueError(f"one step of block_size * Hkv = {block_size * hkv} rows needs {step + 16384} bytes of "
                          f"shared memory; an SM has {shared_per_sm}")
-    return 8, (3 if 2 * step + 16384 <= shared_per_sm else 2)
+    return 4, (3 if 2 * step + 16384 <= shared_per_sm else 2)
 
 
 def default_heads_splits(batch: int, max_len: int, block_size: int, device) -> int:
