@@ -45,6 +45,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels14-d")    #   stages by shared memory; the grid again
 #                run(command="bash benchmarks/gpu_session.sh kernels14-e")    #   B=24 with the default of kernels14-d
 #                run(command="bash benchmarks/gpu_session.sh kernels15")      # paged: one box per block, all KV heads
+#                run(command="bash benchmarks/gpu_session.sh kernels16")      # the flash grid again, flex everywhere
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -590,6 +591,21 @@ kernels15)  # issue 12: the paged gap left is 16-token blocks at B >= 16. In the
   timeout 330 python3 benchmarks/paged_decode_study.py --parts heads sdpa --block-size 16 --batches 16 32 64 1 \
     --lengths 1024 4096 16384 --out "$OUT/paged_decode_heads_bs16_h200.json" > "$OUT/paged_decode_heads_bs16_h200.txt" 2>&1
   echo "heads rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_heads_bs16_h200.txt" ;;
+kernels16)  # issue 12, closing: the recorded flash grid again with today's defaults (plans, the LSE fix, v5 training
+  # forward, backward plans), warmed up, flex timed beside every point of N 1K/4K/16K; the N=1K training step first
+  # on the fresh host, eager and from CUDA graphs (the chapter's host rule reads it) (~9 min)
+  timeout 100 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_kernels16_h200.json" > "$OUT/flash_attention_n1k_kernels16_h200.txt" 2>&1
+  echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels16_h200.txt"
+  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
+  echo "fwd rc=$?"
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
+    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
+  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
+    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  grep -E "minillm|flex|cudnn|flash" "$TX" | grep -v memory | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
