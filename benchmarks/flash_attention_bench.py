@@ -124,6 +124,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory rows")
+    ap.add_argument("--causal-only", action="store_true", help="time the causal points only")
     ap.add_argument("--warmup-s", type=float, default=3.0,
                     help="seconds of untimed matmuls before the first timing, so the first point is not timed "
                          "while the GPU clocks still ramp up (0: none)")
@@ -147,7 +148,7 @@ def main(argv=None):
     for mode in args.modes:
         for d in args.head_dims:
             for n in (args.bwd_seq_lens or args.seq_lens) if mode == "fwd+bwd" else args.seq_lens:
-                for causal in (False, True):
+                for causal in (True,) if args.causal_only else (False, True):
                     shape = (args.batch, args.heads, n, d)
                     flops = 4 * args.batch * args.heads * n * n * d * (0.5 if causal else 1.0)
                     flops *= 3.5 if mode == "fwd+bwd" else 1.0

@@ -46,6 +46,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels14-e")    #   B=24 with the default of kernels14-d
 #                run(command="bash benchmarks/gpu_session.sh kernels15")      # paged: one box per block, all KV heads
 #                run(command="bash benchmarks/gpu_session.sh kernels16")      # the flash grid again, flex everywhere
+#                run(command="bash benchmarks/gpu_session.sh kernels17")      # causal d=128: v2, host descriptors
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -606,6 +607,24 @@ kernels16)  # issue 12, closing: the recorded flash grid again with today's defa
   timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
     --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
   grep -E "minillm|flex|cudnn|flash" "$TX" | grep -v memory | cut -c1-90 ;;
+kernels17)  # issue 12: the causal d=128 forward past 4K keys runs v2 with host descriptors by default
+  # (host_descriptors_pay): its compiled tests; the default against v1 side by side in one process (causal d=128,
+  # N 4K/8K/16K); then the recorded grid again, as kernels16, with the new default (~9 min)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py \
+    -k "host_desc or never_replays or (training_default and 4096) or fwd_plan or plan_replay or plan_keys" \
+    > "$OUT/kernel_tests_kernels17.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels17.txt"
+  timeout 60 python3 benchmarks/flash_attention_bench.py --modes fwd --head-dims 128 --seq-lens 4096 8192 16384 \
+    --providers minillm minillm_v1 sdpa_cudnn sdpa_flash --no-memory --causal-only \
+    --out "$OUT/flash_attention_hostdesc_default_h200.json" > "$OUT/flash_attention_hostdesc_default_h200.txt" 2>&1
+  echo "side by side rc=$?"; cat "$OUT/flash_attention_hostdesc_default_h200.txt"
+  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
+  echo "fwd rc=$?"
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
+    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
+  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
+    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  grep -E "^fwd +128 .*True" "$TX" | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -131,6 +131,54 @@ def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descr
     assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
 
 
+def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured():
+    """D=128 causal from HOST_DESC_MIN_N keys, both lengths on the 128 grid: v2 (with host descriptors, which
+    host_descriptors_pay grants); shorter, non-causal, D=64, off the grid, fp32 or interpreted: not."""
+    from minillm.kernels import flash_attention as fa
+
+    n = fa.HOST_DESC_MIN_N
+    assert fa.fwd_plan(128, torch.bfloat16, True, n, n, interpreted=False) == ("v2", 1)
+    assert fa.fwd_plan(128, torch.float16, True, 2 * n, 2 * n, interpreted=False) == ("v2", 1)
+    assert fa.host_descriptors_pay("v2", 128, True, n, n)
+    for d, causal, nq, nk in ((128, True, n // 2, n // 2), (128, True, n - 64, n), (128, True, n, n + 64),
+                              (64, True, n, n)):
+        assert fa.fwd_plan(d, torch.bfloat16, causal, nq, nk, interpreted=False)[0] == "v1"
+        assert not fa.host_descriptors_pay("v2", d, causal, nq, nk)
+    assert fa.fwd_plan(128, torch.bfloat16, False, n, n, interpreted=False)[0] == "v5"
+    assert not fa.host_descriptors_pay("v1", 128, True, n, n)
+    assert fa.fwd_plan(128, torch.float32, True, n, n, interpreted=False)[0] == "v1"
+    assert fa.fwd_plan(128, torch.bfloat16, True, n, n, interpreted=True)[0] == "v1"
+
+
+def test_forward_default_host_descriptors_where_they_pay(monkeypatch):
+    """The default path at D=128 causal past HOST_DESC_MIN_N keys (lowered here to 128 and the GPU plan forced, so
+    the interpreter takes it): v2 with its descriptors made on the host, twice on new tensors of the same shape
+    (each call makes its own: a replayed launch would read the first call's addresses), equal to v2 with kernel-built
+    descriptors; a non-contiguous q runs v1 instead."""
+    from minillm.kernels import flash_attention as fa
+
+    monkeypatch.setattr(fa, "HOST_DESC_MIN_N", 128)
+    plan = fa.fwd_plan
+    monkeypatch.setattr(fa, "fwd_plan", lambda *a, **kw: plan(*a, **{**kw, "interpreted": False}))
+    made = []
+    monkeypatch.setattr(fa, "TensorDescriptor", lambda *a: _counted(made, *a))
+    for seed in (1, 2):
+        q, k, v = make(1, 2, 1, 128, 128, 128, torch.float16, seed=seed)
+        before = len(made)
+        got, lse = fa._forward(q, k, v, True, 128 ** -0.5)
+        assert fa.last_forward_impl == "v2" and len(made) == before + 4  # q, k, v, o (the LSE through pointers)
+        want, want_lse = fa._forward(q, k, v, True, 128 ** -0.5, impl="v2")  # explicit: kernel-built descriptors
+        assert len(made) == before + 4
+        torch.testing.assert_close(got, want, atol=0 if fa.INTERPRETED else 1e-3, rtol=0)
+        torch.testing.assert_close(lse, want_lse, atol=0 if fa.INTERPRETED else 1e-5, rtol=0)
+        np.testing.assert_allclose(got.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float16])
+    q_t = torch.cat([q, q], dim=2)[:, :, :128]  # same values, rows contiguous, the tensor not
+    assert not q_t.is_contiguous() and q_t.stride(-1) == 1
+    got, _ = fa._forward(q_t, k, v, True, 128 ** -0.5)
+    assert fa.last_forward_impl == "v1"
+    np.testing.assert_allclose(got.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float16])
+
+
 @pytest.mark.parametrize("impl", ["v3", "v5"])
 def test_forward_warp_specialized_lse_routing(impl, monkeypatch):
     """A call that needs the LSE runs v3/v5 with the descriptor store (and gets its LSE back); without that
@@ -592,13 +640,31 @@ def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("n,d", [(1024, 128), (2048, 128), (1024, 64)])
+@pytest.mark.parametrize("n,d", [(1024, 128), (2048, 128), (1024, 64), (4096, 128)])
 def test_flash_attention_gpu_training_default_path(causal, n, d):
     """Forward and backward as training runs them (defaults, autograd): at D=128 and lengths that are
     multiples of 128, where inference runs v5, up to and past the 1K queries below which the backward
-    runs v2, and at D=64 with v2's 4-warp tile: gradients within 3x (+eps) of math attention's error."""
+    runs v2, at D=64 with v2's 4-warp tile, and at 4K, where the causal forward is v2 with host
+    descriptors: gradients within 3x (+eps) of math attention's error."""
     q, k, v = make(2, 8, 8, n, n, d, torch.bfloat16, seed=23)
     assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
+
+
+@pytest.mark.gpu
+def test_flash_attention_host_descriptor_default_never_replays_gpu():
+    """D=128 causal at HOST_DESC_MIN_N keys, GQA: the default runs v2 with host descriptors, which hold the
+    call's addresses, so no plan is kept for the key and a second call on new tensors computes from them."""
+    from minillm.kernels import flash_attention as fa
+
+    n = fa.HOST_DESC_MIN_N
+    for seed in (31, 32):
+        q, k, v = make(1, 4, 2, n, n, 128, torch.bfloat16, seed=seed)
+        before = dict(fa._plans)
+        o = flash_attention(q, k, v, causal=True)
+        assert fa.last_forward_impl == "v2" and fa._plans == before
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), is_causal=True)
+        assert (o.float() - want).abs().max().item() < 2e-2
 
 
 def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
