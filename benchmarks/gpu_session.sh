@@ -47,6 +47,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels15")      # paged: one box per block, all KV heads
 #                run(command="bash benchmarks/gpu_session.sh kernels16")      # the flash grid again, flex everywhere
 #                run(command="bash benchmarks/gpu_session.sh kernels17")      # causal d=128: v2, host descriptors
+#                run(command="bash benchmarks/gpu_session.sh kernels18")      # paged v1: one split, deep pipelines
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -625,6 +626,25 @@ kernels17)  # issue 12: the causal d=128 forward past 4K keys runs v2 with host 
   timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
     --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
   grep -E "^fwd +128 .*True" "$TX" | cut -c1-90 ;;
+kernels18)  # issue 12: the 16-token misses (B 16/32 at L=1K): v1 with one split (no merge launch) or two, deeper
+  # pipelines (3-5 stages), 64/128-token tiles, 4/8 warps, beside SDPA; kernels10-b swept only half/default/double
+  # splits and 2-3 stages (~4 min)
+  timeout 420 python3 benchmarks/paged_decode_study.py --parts loops sdpa --batches 16 32 --lengths 1024 \
+    --loop-prefetch 0 --loop-tiles 64 128 --loop-warps 4 8 --loop-stages 3 4 5 --loop-splits 1 2 4 8 \
+    --out "$OUT/paged_decode_v1_deep_h200.json" > "$OUT/paged_decode_v1_deep_h200.txt" 2>&1
+  echo "sweep rc=$?"; sed -n '/^summary/,$p' "$OUT/paged_decode_v1_deep_h200.txt"
+  python3 - "$OUT/paged_decode_v1_deep_h200.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+for B in (16, 32):
+    sd = max(r["tbps"] for r in rows if r.get("part") == "sdpa" and r["B"] == B and r.get("tbps"))
+    lo = sorted((r for r in rows if r.get("part") == "loops" and r["B"] == B and r.get("tbps")), key=lambda r: -r["tbps"])
+    dflt = next(r for r in lo if r.get("num_warps") is None)
+    print(f"B={B}: sdpa {sd:.2f} default {dflt['tbps']:.2f} ({dflt['tbps'] / sd:.2f})")
+    for r in lo[:6]:
+        print(f"   {r['tbps']:.2f} ({r['tbps'] / sd:.2f}) tile {r.get('tile')} warps {r['num_warps']} stages {r['num_stages']} splits {r.get('num_splits')}")
+PY
+  ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

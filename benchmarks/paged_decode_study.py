@@ -125,6 +125,8 @@ def main(argv=None):
     ap.add_argument("--loop-tiles", type=int, nargs="+", default=[32, 64], help="loops: tiles")
     ap.add_argument("--loop-warps", type=int, nargs="+", default=[4, 8], help="loops: num_warps")
     ap.add_argument("--loop-stages", type=int, nargs="+", default=[2], help="loops: v1's num_stages")
+    ap.add_argument("--loop-splits", type=int, nargs="+", default=None,
+                    help="loops: split counts (default: half, the default and double the default)")
     ap.add_argument("--layout-tiles", type=int, nargs="+", default=[64, 128], help="layout: hnd tiles")
     ap.add_argument("--layout-warps", type=int, nargs="+", default=[4, 8], help="layout: hnd num_warps")
     ap.add_argument("--layout-stages", type=int, nargs="+", default=[2, 3], help="layout: hnd num_stages")
@@ -304,7 +306,7 @@ def main(argv=None):
                              "merge": pa.DEFAULT_MERGE, "prefetch": False}, kc, vc, table, None, None, None,
                             prefetch=False)
                     for prefetch in args.loop_prefetch:
-                        for n in sorted({max(1, splits // 2), splits, 2 * splits}):
+                        for n in sorted(args.loop_splits or {max(1, splits // 2), splits, 2 * splits}):
                             for tile in args.loop_tiles:
                                 for w in args.loop_warps:
                                     for st in (args.loop_stages if not prefetch else [None]):
