@@ -30,6 +30,16 @@ BACKENDS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.C
 def provider_fn(name, q, k, v, causal):
     if name == "minillm":  # the defaults (fwd_plan's version, the tuned tiles)
         return lambda: flash_attention(q, k, v, causal=causal)
+    if name == "minillm_headorder":  # the defaults with the causal grid one head at a time (the order before groups)
+        from minillm.kernels import flash_attention as fa
+
+        def one_head_at_a_time():
+            before, fa.CAUSAL_GROUP_PROGRAMS = fa.CAUSAL_GROUP_PROGRAMS, 1
+            try:
+                return flash_attention(q, k, v, causal=causal)
+            finally:
+                fa.CAUSAL_GROUP_PROGRAMS = before
+        return one_head_at_a_time
     if name.startswith("minillm_"):  # one forward version, e.g. minillm_v1
         return lambda: flash_attention(q, k, v, causal=causal, fwd_impl=name.split("_", 1)[1])
     if name == "flex":

@@ -48,6 +48,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels16")      # the flash grid again, flex everywhere
 #                run(command="bash benchmarks/gpu_session.sh kernels17")      # causal d=128: v2, host descriptors
 #                run(command="bash benchmarks/gpu_session.sh kernels18")      # paged v1: one split, deep pipelines
+#                run(command="bash benchmarks/gpu_session.sh kernels19")      # causal forward: grouped heaviest first
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -645,6 +646,24 @@ for B in (16, 32):
         print(f"   {r['tbps']:.2f} ({r['tbps'] / sd:.2f}) tile {r.get('tile')} warps {r['num_warps']} stages {r['num_stages']} splits {r.get('num_splits')}")
 PY
   ;;
+kernels19)  # issue 12: the causal forward's grid heaviest first by groups of heads (_causal_order) instead of one head
+  # at a time: compiled tests; side by side with the old order (minillm_headorder) in one process, forward and
+  # forward+backward, causal, every D and N; then the recorded grid again (~10 min)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py \
+    -k "causal_order or never_replays or (gpu_tolerance_rule and not backward) or lse_matches_float64" \
+    > "$OUT/kernel_tests_kernels19.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels19.txt"
+  timeout 110 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --causal-only --no-memory \
+    --providers minillm minillm_headorder sdpa_cudnn sdpa_flash --bwd-seq-lens 1024 4096 \
+    --out "$OUT/flash_attention_causal_order_h200.json" > "$OUT/flash_attention_causal_order_h200.txt" 2>&1
+  echo "side by side rc=$?"; grep -E "minillm" "$OUT/flash_attention_causal_order_h200.txt" | cut -c1-90
+  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
+  echo "fwd rc=$?"
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
+    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
+  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
+    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -272,6 +272,23 @@ def test_forward_host_descriptors_match_kernel_built_ones(impl, causal, n, monke
     torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["v1", "v2"])
+@pytest.mark.parametrize("group_programs", [1, 8, 10_000])
+def test_forward_causal_order_covers_every_tile(impl, group_programs, monkeypatch):
+    """The causal grid's heaviest-first order by groups of heads (_causal_order) is a one-to-one map of the
+    programs onto (tile, head): one head at a time (1), groups of 2 heads with a smaller last one (8 programs
+    over 4 query tiles, 5 heads), and one group for the grid (10 000); with Nq != Nk and a ragged last tile."""
+    from minillm.kernels import flash_attention as fa
+
+    monkeypatch.setattr(fa, "CAUSAL_GROUP_PROGRAMS", group_programs)
+    q, k, v = make(1, 5, 1, 61, 70, 32, torch.float32, seed=9)
+    tiles = None if fa.INTERPRETED else (16, 16, 4, 2)
+    n_m = -(-61 // (tiles or fa._blocks(32, torch.float32))[0])
+    assert fa.causal_group_heads(n_m, 5) == {1: 1, 8: min(5, -(-8 // n_m)), 10_000: 5}[group_programs]
+    o, lse = fa._forward(q, k, v, True, 32 ** -0.5, impl=impl, config=tiles)
+    np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, True), atol=TOL[torch.float32])
+
+
 @pytest.mark.parametrize("programs_per_sm", [1, 3])
 def test_forward_persistent_grid_covers_every_tile(programs_per_sm):
     """Persistent grids of 4 and 12 programs (the interpreter counts 4 SMs) over 30 tiles: each program

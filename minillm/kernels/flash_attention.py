@@ -91,6 +91,21 @@ def _mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _causal_order(NUM_M, BH, GROUP_HEADS):
+    """(query tile, batch x head) of this program of a causal (NUM_M, BH) grid, heaviest first by groups of
+    GROUP_HEADS heads. The hardware starts programs in order, x fastest; program i of a group of g heads takes
+    tile NUM_M - 1 - i // g of head i % g, so every head of the group starts its last (largest) tile before
+    any starts a smaller one, and the grid ends on the one-tile diagonals instead of on whole heads.
+    GROUP_HEADS = 1 is one head at a time, the order before; the last group may hold fewer heads."""
+    linear = tl.program_id(1) * NUM_M + tl.program_id(0)
+    per_group = GROUP_HEADS * NUM_M
+    group = linear // per_group
+    r = linear - group * per_group
+    g = tl.minimum(GROUP_HEADS, BH - group * GROUP_HEADS)
+    return NUM_M - 1 - r // g, group * GROUP_HEADS + r % g
+
+
+@triton.jit
 def _key_range(m0, Nk, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(full, hi) for the query tile starting at row m0: key tiles [0, full) are valid for every row of
     the tile and run unmasked; [full, hi) need masks (the causal diagonal, and the ragged last tile when
@@ -156,14 +171,14 @@ def _fwd_inner(acc, l, m, q, k_base, v_base, rows, dims, lo, hi, Nk, offset, skn
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
+def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
     pid_m = tl.program_id(0)
-    if CAUSAL:  # the last query tiles have the most keys: start them first so no SM idles at the end
-        pid_m = tl.num_programs(0) - 1 - pid_m
     bh = tl.program_id(1)
+    if CAUSAL:  # the last query tiles have the most keys: start them first so no SM idles at the end
+        pid_m, bh = _causal_order(tl.num_programs(0), tl.num_programs(1), GROUP_HEADS)
     b = (bh // H).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
     h = bh % H
     hk = h // GROUP  # GQA: the shared K/V head
@@ -300,7 +315,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 
 
 @triton.jit
-def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NUM_TILES,
+def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NUM_M_TILES, NUM_TILES,
                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC,
                     LSE_DESC,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -322,9 +337,10 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, NUM_M_TILES, NU
                           HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE)
     else:
         pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
         if CAUSAL:
-            pid_m = tl.num_programs(0) - 1 - pid_m
-        _fwd_tile_tma(pid_m, tl.program_id(1), Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
+            pid_m, bh = _causal_order(tl.num_programs(0), tl.num_programs(1), GROUP_HEADS)
+        _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                       Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
                       HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE)
@@ -390,6 +406,16 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # descriptors made v2 6% faster and put it 3% ahead of v1 (results/flash_attention_tune_hostdesc128_h200.json);
 # with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1.
 HOST_DESC_MIN_N = 4096
+# The causal forward's order (_causal_order): heads are taken in groups of about this many programs (whole heads,
+# at least one), each group heaviest tile first. A group that spans the grid would order it globally, but then
+# every head's K and V are read at once and L2 holds fewer of them; one head at a time (1 here) leaves the grid's
+# end on whole heads of mixed tiles, SMs idle behind the largest. 512: about two waves of two programs per SM on 132.
+CAUSAL_GROUP_PROGRAMS = 512
+
+
+def causal_group_heads(num_m: int, bh: int) -> int:
+    """Heads per group of the causal order: about CAUSAL_GROUP_PROGRAMS programs, within [1, bh]."""
+    return max(1, min(bh, -(-CAUSAL_GROUP_PROGRAMS // num_m)))
 
 
 def host_descriptors_pay(impl: str, D: int, causal: bool, nq: int, nk: int) -> bool:
@@ -503,7 +529,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     if (PLANS and not TMA_HOST_DESCRIPTORS and config is None and programs_per_sm is None and lse_store is None
             and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
-        plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE)
+        plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
+                    CAUSAL_GROUP_PROGRAMS)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
@@ -546,7 +573,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
         if impl == "v1":
             return bind(_fwd_kernel, (n_m, B * Hq), 5, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq,
-                        Hq // k.shape[1], *args, PAD_D=block_d != D, **common)
+                        Hq // k.shape[1], causal_group_heads(n_m, B * Hq), *args, PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
         persistent = impl in ("v4", "v5")
@@ -561,7 +588,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
-        tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], n_m, tiles, *args, *descs)
+        tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], causal_group_heads(n_m, B * Hq), n_m, tiles, *args,
+                *descs)
         if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
             return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
         return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
