@@ -64,6 +64,18 @@ KERNEL_TESTS="tests/test_kernels_launch.py tests/test_kernels_flash_attention.py
   tests/test_serving_torch_runner.py"
 HEAVY="impls_match_reference or tile_shapes_split"
 
+# flash_grid: the recorded flash grid (forward, then forward+backward, then flex beside both) into
+# $OUT/flash_attention_h200.{json,txt}, as kernels16, 17 and 19 ran it
+flash_grid() {
+  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
+  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
+  echo "fwd rc=$?"
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
+    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
+  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
+    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+}
+
 # run_shards NAME N TIMEOUT < ids: the test ids on stdin in N parallel pytest processes (the compiled tests mostly
 # wait on Triton compiles, which are CPU-bound), each under TIMEOUT seconds (then interrupted: pytest still prints
 # its summary and the failures so far); prints the summaries and failures and collects the logs into $OUT/NAME.txt
@@ -601,13 +613,7 @@ kernels16)  # issue 12, closing: the recorded flash grid again with today's defa
     --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
     --out "$OUT/flash_attention_n1k_kernels16_h200.json" > "$OUT/flash_attention_n1k_kernels16_h200.txt" 2>&1
   echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels16_h200.txt"
-  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
-  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
-  echo "fwd rc=$?"
-  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
-    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
-  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
-    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  flash_grid
   grep -E "minillm|flex|cudnn|flash" "$TX" | grep -v memory | cut -c1-90 ;;
 kernels17)  # issue 12: the causal d=128 forward past 4K keys runs v2 with host descriptors by default
   # (host_descriptors_pay): its compiled tests; the default against v1 side by side in one process (causal d=128,
@@ -619,13 +625,7 @@ kernels17)  # issue 12: the causal d=128 forward past 4K keys runs v2 with host 
     --providers minillm minillm_v1 sdpa_cudnn sdpa_flash --no-memory --causal-only \
     --out "$OUT/flash_attention_hostdesc_default_h200.json" > "$OUT/flash_attention_hostdesc_default_h200.txt" 2>&1
   echo "side by side rc=$?"; cat "$OUT/flash_attention_hostdesc_default_h200.txt"
-  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
-  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
-  echo "fwd rc=$?"
-  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
-    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
-  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
-    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  flash_grid
   grep -E "^fwd +128 .*True" "$TX" | cut -c1-90 ;;
 kernels18)  # issue 12: the 16-token misses (B 16/32 at L=1K): v1 with one split (no merge launch) or two, deeper
   # pipelines (3-5 stages), 64/128-token tiles, 4/8 warps, beside SDPA; kernels10-b swept only half/default/double
@@ -656,13 +656,7 @@ kernels19)  # issue 12: the causal forward's grid heaviest first by groups of he
     --providers minillm minillm_headorder sdpa_cudnn sdpa_flash --bwd-seq-lens 1024 4096 \
     --out "$OUT/flash_attention_causal_order_h200.json" > "$OUT/flash_attention_causal_order_h200.txt" 2>&1
   echo "side by side rc=$?"; grep -E "minillm" "$OUT/flash_attention_causal_order_h200.txt" | cut -c1-90
-  J="$OUT/flash_attention_h200.json"; TX="$OUT/flash_attention_h200.txt"
-  timeout 100 python3 benchmarks/flash_attention_bench.py --modes fwd --providers $PROVIDERS --out "$J" > "$TX" 2>&1
-  echo "fwd rc=$?"
-  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
-    --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
-  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
-    --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
+  flash_grid
   grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
