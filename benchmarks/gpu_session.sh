@@ -72,9 +72,9 @@ flash_grid() {
   echo "fwd rc=$?"
   timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd+bwd --providers $PROVIDERS --no-memory \
     --append --out "$J" >> "$TX" 2>&1; echo "fwd+bwd rc=$?"
-  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --providers flex --seq-lens 1024 4096 16384 \
     --bwd-seq-lens 1024 4096 --no-memory --append --out "$J" >> "$TX" 2>&1; echo "flex rc=$?"
-}
+}  # (400 s at most: a case that calls it keeps its other steps under 200 s, inside one device call's 600 s)
 
 # run_shards NAME N TIMEOUT < ids: the test ids on stdin in N parallel pytest processes (the compiled tests mostly
 # wait on Triton compiles, which are CPU-bound), each under TIMEOUT seconds (then interrupted: pytest still prints
@@ -618,7 +618,7 @@ kernels16)  # issue 12, closing: the recorded flash grid again with today's defa
 kernels17)  # issue 12: the causal d=128 forward past 4K keys runs v2 with host descriptors by default
   # (host_descriptors_pay): its compiled tests; the default against v1 side by side in one process (causal d=128,
   # N 4K/8K/16K); then the recorded grid again, as kernels16, with the new default (~9 min)
-  timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py \
+  timeout 130 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py \
     -k "host_desc or never_replays or (training_default and 4096) or fwd_plan or plan_replay or plan_keys" \
     > "$OUT/kernel_tests_kernels17.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels17.txt"
   timeout 60 python3 benchmarks/flash_attention_bench.py --modes fwd --head-dims 128 --seq-lens 4096 8192 16384 \
@@ -649,10 +649,10 @@ PY
 kernels19)  # issue 12: the causal forward's grid heaviest first by groups of heads (_causal_order) instead of one head
   # at a time: compiled tests; side by side with the old order (minillm_headorder) in one process, forward and
   # forward+backward, causal, every D and N; then the recorded grid again (~10 min)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py \
+  timeout 110 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernels_flash_attention.py \
     -k "causal_order or never_replays or (gpu_tolerance_rule and not backward) or lse_matches_float64" \
     > "$OUT/kernel_tests_kernels19.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels19.txt"
-  timeout 110 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --causal-only --no-memory \
+  timeout 85 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --causal-only --no-memory \
     --providers minillm minillm_headorder sdpa_cudnn sdpa_flash --bwd-seq-lens 1024 4096 \
     --out "$OUT/flash_attention_causal_order_h200.json" > "$OUT/flash_attention_causal_order_h200.txt" 2>&1
   echo "side by side rc=$?"; grep -E "minillm" "$OUT/flash_attention_causal_order_h200.txt" | cut -c1-90

@@ -132,8 +132,9 @@ def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descr
 
 
 def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured():
-    """D=128 causal from HOST_DESC_MIN_N keys, both lengths on the 128 grid: v2 (with host descriptors, which
-    host_descriptors_pay grants); shorter, non-causal, D=64, off the grid, fp32 or interpreted: not."""
+    """D=128 causal from HOST_DESC_MIN_N queries and keys, both on the 128 grid: v2 (with host descriptors, which
+    host_descriptors_pay grants); shorter, a short query block over a long cache, non-causal, D=64, off the grid,
+    fp32 or interpreted: not."""
     from minillm.kernels import flash_attention as fa
 
     n = fa.HOST_DESC_MIN_N
@@ -141,7 +142,7 @@ def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured():
     assert fa.fwd_plan(128, torch.float16, True, 2 * n, 2 * n, interpreted=False) == ("v2", 1)
     assert fa.host_descriptors_pay("v2", 128, True, n, n)
     for d, causal, nq, nk in ((128, True, n // 2, n // 2), (128, True, n - 64, n), (128, True, n, n + 64),
-                              (64, True, n, n)):
+                              (64, True, n, n), (128, True, 128, 2 * n)):
         assert fa.fwd_plan(d, torch.bfloat16, causal, nq, nk, interpreted=False)[0] == "v1"
         assert not fa.host_descriptors_pay("v2", d, causal, nq, nk)
     assert fa.fwd_plan(128, torch.bfloat16, False, n, n, interpreted=False)[0] == "v5"
@@ -282,6 +283,12 @@ def test_forward_causal_order_covers_every_tile(impl, group_programs, monkeypatc
 
     monkeypatch.setattr(fa, "CAUSAL_GROUP_PROGRAMS", group_programs)
     q, k, v = make(1, 5, 1, 61, 70, 32, torch.float32, seed=9)
+    empty, empty_like = torch.empty, torch.empty_like  # the output starts as NaN: a tile never written shows
+
+    def nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: nan(empty(*a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: nan(empty_like(*a, **kw)))
     tiles = None if fa.INTERPRETED else (16, 16, 4, 2)
     n_m = -(-61 // (tiles or fa._blocks(32, torch.float32))[0])
     assert fa.causal_group_heads(n_m, 5) == {1: 1, 8: min(5, -(-8 // n_m)), 10_000: 5}[group_programs]
@@ -663,8 +670,12 @@ def test_flash_attention_gpu_training_default_path(causal, n, d):
     multiples of 128, where inference runs v5, up to and past the 1K queries below which the backward
     runs v2, at D=64 with v2's 4-warp tile, and at 4K, where the causal forward is v2 with host
     descriptors: gradients within 3x (+eps) of math attention's error."""
+    from minillm.kernels import flash_attention as fa
+
     q, k, v = make(2, 8, 8, n, n, d, torch.bfloat16, seed=23)
     assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
+    if causal and d == 128 and n >= fa.HOST_DESC_MIN_N:
+        assert fa.last_forward_impl == "v2"
 
 
 @pytest.mark.gpu

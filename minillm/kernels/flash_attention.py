@@ -387,7 +387,7 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
     ``return_lse`` get it only while the LSE goes through the descriptor store (WS_LSE_STORE = 2):
     through pointers, Triton 3.6 drops that store under warp specialization
     (results/forward_repeats_lse_h200.json, ws_lse_h200.json). D<=64 non-causal past N=1K: v2, TMA.
-    D=128 causal from HOST_DESC_MIN_N keys (lengths multiples of 128): v2 with host descriptors
+    D=128 causal from HOST_DESC_MIN_N queries and keys (multiples of 128): v2 with host descriptors
     (``host_descriptors_pay``). Everything else: v1. fp32 and the interpreter: v1.
     """
     if interpreted or dtype == torch.float32 or D > 128:
@@ -402,7 +402,8 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 
 
 # Where the forward makes its TMA descriptors on the host by default (TMA_HOST_DESCRIPTORS aside): v2 at D=128,
-# causal, past HOST_DESC_MIN_N keys, the 128 x 128 tiles dividing both lengths. There, on the H200, host
+# causal, from HOST_DESC_MIN_N queries and keys (measured with Nq = Nk only: a short query block over a long cache
+# keeps v1), the 128 x 128 tiles dividing both lengths. There, on the H200, host
 # descriptors made v2 6% faster and put it 3% ahead of v1 (results/flash_attention_tune_hostdesc128_h200.json);
 # with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1.
 HOST_DESC_MIN_N = 4096
@@ -419,7 +420,8 @@ def causal_group_heads(num_m: int, bh: int) -> int:
 
 
 def host_descriptors_pay(impl: str, D: int, causal: bool, nq: int, nk: int) -> bool:
-    return impl == "v2" and D == 128 and causal and nk >= HOST_DESC_MIN_N and nq % 128 == 0 and nk % 128 == 0
+    return (impl == "v2" and D == 128 and causal and min(nq, nk) >= HOST_DESC_MIN_N
+            and nq % 128 == 0 and nk % 128 == 0)
 
 
 # How the warp-specialized forwards (v3, v5) store the log-sum-exp (``_fwd_tile_tma``'s LSE_STORE). Through
@@ -429,8 +431,9 @@ def host_descriptors_pay(impl: str, D: int, causal: bool, nq: int, nk: int) -> b
 # needs the LSE, and an explicit v3/v5 there runs v2/v4.
 WS_LSE_STORE = 2
 # The TMA versions' descriptors: made once per call on the host (over the flattened tensors) where the tensors are
-# contiguous and the tiles divide the lengths, instead of four or five per tile in the kernel. Off until measured;
-# while on, calls make their descriptors anew (no plans: a plan would keep the old tensors' addresses).
+# contiguous and the tiles divide the lengths, instead of four or five per tile in the kernel. True forces them for
+# every TMA call; False (the default) makes them only where host_descriptors_pay grants them. Calls with host
+# descriptors make them anew each time (no plans: a plan would keep the old tensors' addresses).
 TMA_HOST_DESCRIPTORS = False
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
@@ -530,7 +533,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
-                    CAUSAL_GROUP_PROGRAMS)
+                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
@@ -569,11 +572,12 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     def launch(impl, cfg):
         bm, bn, warps, stages = cfg
         n_m = cdiv(Nq, bm)
+        group_heads = causal_group_heads(n_m, B * Hq) if causal else 1  # (non-causal: one specialization)
         common = dict(HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
         if impl == "v1":
             return bind(_fwd_kernel, (n_m, B * Hq), 5, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq,
-                        Hq // k.shape[1], causal_group_heads(n_m, B * Hq), *args, PAD_D=block_d != D, **common)
+                        Hq // k.shape[1], group_heads, *args, PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
         persistent = impl in ("v4", "v5")
@@ -588,8 +592,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
-        tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], causal_group_heads(n_m, B * Hq), n_m, tiles, *args,
-                *descs)
+        tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
         if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
             return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
         return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
