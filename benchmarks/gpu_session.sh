@@ -684,7 +684,7 @@ kernels21)  # issue 12: the causal forward in two launches (v6 / v7: the unmaske
     v6:128,128,8,2 v6:128,64,8,3 v7:128,128,4,2x1 v7:128,128,4,2x2 v7:128,128,8,2x1 \
     --out "$OUT/flash_attention_tune_split_h200.json" > "$OUT/flash_attention_tune_split_h200.txt" 2>&1
   echo "tiles rc=$?"; grep -E "^ *128 |^D=" "$OUT/flash_attention_tune_split_h200.txt" | cut -c1-150
-  timeout 170 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --causal-only --no-memory \
+  timeout 150 python3 benchmarks/flash_attention_bench.py --modes fwd fwd+bwd --causal-only --no-memory \
     --providers minillm minillm_v6 minillm_v7 sdpa_cudnn sdpa_flash --bwd-seq-lens 1024 4096 \
     --out "$OUT/flash_attention_split_h200.json" > "$OUT/flash_attention_split_h200.txt" 2>&1
   echo "side by side rc=$?"; grep -E "minillm|cudnn" "$OUT/flash_attention_split_h200.txt" | cut -c1-90 ;;
