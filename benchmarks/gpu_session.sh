@@ -51,6 +51,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels19")      # causal forward: grouped heaviest first
 #                run(command="bash benchmarks/gpu_session.sh kernels20")      # tests after review; v2 host tiles
 #                run(command="bash benchmarks/gpu_session.sh kernels21")      # causal forward in two launches (v6/v7)
+#                run(command="bash benchmarks/gpu_session.sh kernels22")      # causal forward: diagonal first (v8)
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -675,7 +676,7 @@ kernels21)  # issue 12: the causal forward in two launches (v6 / v7: the unmaske
   # diagonal resumed from their O and LSE): compiled tests in 8 shards; v6 / v7 tiles beside the defaults (v1 at 1K,
   # v2 with host descriptors from 4K), cuDNN and FA2 from CUDA graphs at causal d=128; then eagerly, side by side
   # with the default in one process, every D and N, forward and forward+backward (~9 min)
-  K21="split_causal or (impls_match and (v6 or v7)) or (gpu_tolerance_rule and not backward and (v6 or v7))"
+  K21="causal_warp_specialized or (impls_match and (v6 or v7)) or (gpu_tolerance_rule and not backward and (v6 or v7))"
   K21="$K21 or (lse_matches_float64 and (v6 or v7 or None)) or (training_default and 4096)"
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
     -k "$K21" 2>/dev/null | run_shards kernel_tests_kernels21 8 150
@@ -688,6 +689,21 @@ kernels21)  # issue 12: the causal forward in two launches (v6 / v7: the unmaske
     --providers minillm minillm_v6 minillm_v7 sdpa_cudnn sdpa_flash --bwd-seq-lens 1024 4096 \
     --out "$OUT/flash_attention_split_h200.json" > "$OUT/flash_attention_split_h200.txt" 2>&1
   echo "side by side rc=$?"; grep -E "minillm|cudnn" "$OUT/flash_attention_split_h200.txt" | cut -c1-90 ;;
+kernels22)  # issue 12: v8, the causal diagonal tile before the warp-specialized loop in one launch (v6's second launch
+  # cost more than warp specialization saved below 16K): compiled tests in 6 shards; tiles beside v1, v2 with host
+  # descriptors and v6 from CUDA graphs at causal d=128; then eagerly beside the default, every D and N (~8 min)
+  K22="causal_warp_specialized or (gpu_tolerance_rule and not backward and v8) or (lse_matches_float64 and v8)"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "$K22" 2>/dev/null | run_shards kernel_tests_kernels22 6 140
+  timeout 200 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 1024 4096 16384 \
+    --impls v1 v2 v6 v8 --host-desc 1 --cudagraph --repeats 5 --only v1:64,64,4,3 v2:128,128,8,3 v6:128,128,4,2 \
+    v8:128,128,4,2 v8:128,128,4,3 v8:128,128,8,2 v8:64,64,4,3 \
+    --out "$OUT/flash_attention_tune_diag_h200.json" > "$OUT/flash_attention_tune_diag_h200.txt" 2>&1
+  echo "tiles rc=$?"; grep -E "^ *128 |^D=" "$OUT/flash_attention_tune_diag_h200.txt" | cut -c1-150
+  timeout 110 python3 benchmarks/flash_attention_bench.py --modes fwd --causal-only --no-memory \
+    --providers minillm minillm_v6 minillm_v8 sdpa_cudnn sdpa_flash \
+    --out "$OUT/flash_attention_diag_h200.json" > "$OUT/flash_attention_diag_h200.txt" 2>&1
+  echo "side by side rc=$?"; grep -E "minillm|cudnn" "$OUT/flash_attention_diag_h200.txt" | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

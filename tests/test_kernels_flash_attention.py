@@ -85,29 +85,33 @@ def test_forward_impls_match_reference(case, dtype, impl):
     from minillm.kernels import flash_attention as fa
 
     q, k, v = make(*case, dtype, seed=sum(case))
-    descriptor = q.shape[2] % 4 == 0  # the LSE rows a descriptor can address (see WS_LSE_STORE)
-    # what runs: causal v3 / v5 without warp specialization (v2 / v4); non-causal v6 / v7 are v3 / v5; the
-    # two-launch v6 / v7 resume from the LSE, so they need the descriptor store, as does any
-    # warp-specialized call that needs the LSE; compiled, Triton 3.6 fails to warp-specialize some ragged
-    # shapes, which then run v1 (see _forward)
-    table = {  # impl -> {(causal, descriptor): what runs without need_lse}; a missing key: (causal, False)
-        "v3": {(True, False): "v2", (False, False): "v3"}, "v5": {(True, False): "v4", (False, False): "v5"},
-        "v6": {(True, False): "v2", (True, True): "v6", (False, False): "v3"},
-        "v7": {(True, False): "v4", (True, True): "v7", (False, False): "v5"}}
+    nq, nk, d = case[3], case[4], case[5]
+    descriptor = nq % 4 == 0  # the LSE rows a descriptor can address (see WS_LSE_STORE)
+    bm, bn = fa._blocks(d, dtype, impl="v8")[:2]
+    square_diagonal = bm == bn and nk >= nq and (nk - nq) % bn == 0  # v8's diagonal is one tile
+
+    def routed(causal, need_lse):
+        """What runs: non-causal v6 / v7 / v8 are v3 / v5 / v3; causal v3 / v5 cannot warp-specialize (v2 / v4),
+        nor can v8 without its one-tile diagonal; the two-launch v6 / v7 resume from the LSE, so they need
+        the descriptor store, as does any warp-specialized call that needs the LSE."""
+        name = {"v6": "v3", "v7": "v5", "v8": "v3"}.get(impl, impl) if not causal else impl
+        if causal and (name in ("v3", "v5") or (name == "v8" and not square_diagonal)):
+            name = {"v3": "v2", "v5": "v4", "v8": "v2"}[name]
+        if name in ("v3", "v5", "v6", "v7", "v8") and not descriptor and (need_lse or name in ("v6", "v7")):
+            name = {"v3": "v2", "v5": "v4", "v6": "v2", "v7": "v4", "v8": "v2"}[name]
+        return name
+
     for causal in (False, True):
-        o, lse = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl=impl, need_lse=False)
-        runs = table.get(impl, {})
-        ran = runs.get((causal, descriptor), runs.get((causal, False), impl))
+        # compiled, Triton 3.6 fails to warp-specialize some ragged shapes, which then run v1 (see _forward)
+        o, lse = fa._forward(q, k, v, causal, d ** -0.5, impl=impl, need_lse=False)
+        ran = routed(causal, False)
         assert fa.last_forward_impl == ran or (DEVICE == "cuda" and ran in fa.WS_IMPLS
                                                and fa.last_forward_impl == "v1")
         np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[dtype])
-        if fa.last_forward_impl in ("v3", "v5"):  # warp-specialized: the LSE only through the descriptor
+        if fa.last_forward_impl in ("v3", "v5", "v8"):  # warp-specialized: the LSE only through the descriptor
             assert (lse is None) != descriptor
-        # a caller that needs the log-sum-exp (the backward) gets a warp-specialized version only with
-        # the descriptor store
-        o, lse = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl=impl)
-        want = ran if (descriptor or ran not in fa.WS_IMPLS) else fa.NO_WS[ran]
-        assert fa.last_forward_impl == want or (DEVICE == "cuda" and fa.last_forward_impl == "v1")
+        o, lse = fa._forward(q, k, v, causal, d ** -0.5, impl=impl)  # a caller that needs the LSE (the backward)
+        assert fa.last_forward_impl == routed(causal, True) or (DEVICE == "cuda" and fa.last_forward_impl == "v1")
         np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[dtype])
         o1, lse1 = fa._forward(q, k, v, causal, case[-1] ** -0.5, impl="v1")
         assert torch.equal(torch.isinf(lse), torch.isinf(lse1))
@@ -612,12 +616,13 @@ def test_flash_attention_default_warp_specialized_forward_is_right_on_fresh_inpu
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl", ["v6", "v7"])
+@pytest.mark.parametrize("impl", ["v6", "v7", "v8"])
 @pytest.mark.parametrize("nq,nk,hq,hkv", [(1024, 1024, 8, 8), (4096, 4096, 8, 2), (1024, 3072, 8, 8),
                                           (1000, 1000, 8, 4)])
-def test_forward_split_causal_is_right_on_fresh_inputs(impl, nq, nk, hq, hkv):
+def test_forward_causal_warp_specialized_is_right_on_fresh_inputs(impl, nq, nk, hq, hkv):
     """v6 / v7 warp-specialize the causal forward's unmasked key tiles in one launch and resume the diagonal
-    from its O and LSE in a second; warp specialization returned NaNs in Triton 3.6 with some tiles. On 10
+    from its O and LSE in a second; v8 runs the diagonal tile before its warp-specialized loop, in one
+    launch. Warp specialization returned NaNs in Triton 3.6 with some tiles and loops. On 10
     fresh inputs per shape (GQA, more keys than queries, ragged lengths), over outputs filled with NaN
     first: the output within the tolerance rule (2x the error of same-precision math attention vs float64,
     bottom-right causal mask) and the LSE within 1e-3 of float64's."""

@@ -261,32 +261,40 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
+def _fwd_step_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, start, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    """One key tile (keys start .. start + BLOCK_N) of _fwd_inner_tma's loop, through descriptors."""
+    kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
+    s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
+    if MASKED:
+        cols = start + tl.arange(0, BLOCK_N)
+        valid = cols[None, :] < Nk
+        if CAUSAL:
+            valid = valid & (cols[None, :] <= rows[:, None] + offset)
+        s = tl.where(valid, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_shift[:, None])
+    else:
+        m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+        m_shift = m_new
+        p = tl.exp2(s * qk_scale - m_shift[:, None])
+    alpha = tl.exp2(m - m_shift)
+    l = l * alpha + tl.sum(p, axis=1)
+    v = v_desc.load([kv_row + start, 0])
+    acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+    return acc, l, m_new
+
+
+@triton.jit
 def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
     """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros); ``kv_row`` is
     the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors)."""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
-        kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
-        s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
-        if MASKED:
-            cols = start + tl.arange(0, BLOCK_N)
-            valid = cols[None, :] < Nk
-            if CAUSAL:
-                valid = valid & (cols[None, :] <= rows[:, None] + offset)
-            s = tl.where(valid, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_shift[:, None])
-        else:
-            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
-            m_shift = m_new
-            p = tl.exp2(s * qk_scale - m_shift[:, None])
-        alpha = tl.exp2(m - m_shift)
-        l = l * alpha + tl.sum(p, axis=1)
-        v = v_desc.load([kv_row + start, 0])
-        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
-        m = m_new
+        acc, l, m = _fwd_step_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, start, Nk, offset, qk_scale,
+                                  BLOCK_N, MASKED, CAUSAL, IEEE)
     return acc, l, m
 
 
@@ -303,7 +311,9 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     offsets recomputed after it, 2 through a 1-D tensor descriptor, the only one of the three that warp
     specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py. ``PART`` 1 (v6, v7):
     the unmasked key tiles only, one loop, which warp specialization compiles causal too; O and the LSE
-    it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles."""
+    it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles. ``PART`` 2 (v8):
+    the masked keys [full, hi) as one tile before the loop, not a second loop; the caller guarantees that
+    they fit one tile (BLOCK_M == BLOCK_N, Nk >= Nq, (Nk - Nq) % BLOCK_N == 0)."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -333,6 +343,9 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
+    if PART == 2:  # v8: the one masked (diagonal) tile first, straight-line code, then the warp-specialized loop
+        acc, l, m = _fwd_step_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, Nk, offset, qk_scale,
+                                  BLOCK_N, True, CAUSAL, IEEE)
     acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
                                BLOCK_N, False, CAUSAL, IEEE, WS)
     if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
@@ -403,7 +416,7 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 1) if D <= 128 else (64, 32, 8, 1)
     if D > 128:
         return 64, 32, 8, 1
-    if impl in ("v3", "v5", "v6", "v7"):
+    if impl in WS_IMPLS:
         return 128, 128, 4, 2
     if impl == "v4":
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 3)
@@ -474,11 +487,12 @@ WS_LSE_STORE = 2
 # every TMA call; False (the default) makes them only where host_descriptors_pay grants them. Calls with host
 # descriptors make them anew each time (no plans: a plan would keep the old tensors' addresses).
 TMA_HOST_DESCRIPTORS = False
-FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")  # v1 pointers; v2 TMA; v3 TMA + warp specialization;
-# v4/v5 persistent; v6/v7: v3/v5 split in two launches when causal
-WS_IMPLS = ("v3", "v5", "v6", "v7")  # the warp-specialized versions
-SPLIT_IMPLS = {"v6": "v3", "v7": "v5"}  # the two-launch causal versions, and what they are non-causal
-NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2", "v7": "v4"}  # what runs when warp specialization cannot
+FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")  # v1 pointers; v2 TMA; v3 TMA + warp specialization;
+# v4/v5 persistent; v6/v7: v3/v5 in two launches when causal; v8: v3 with the causal diagonal tile before the loop
+WS_IMPLS = ("v3", "v5", "v6", "v7", "v8")  # the warp-specialized versions
+CAUSAL_WS = {"v6": "v3", "v7": "v5", "v8": "v3"}  # the causal warp-specialized versions, and what they are non-causal
+SPLIT_IMPLS = ("v6", "v7")  # the two-launch ones
+NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2", "v7": "v4", "v8": "v2"}  # what runs when warp specialization cannot
 # Tiles of the resume launch of v6 / v7 besides the first launch's BLOCK_M x BLOCK_N: (num_warps, num_stages)
 RESUME_WARPS_STAGES = (8, 2)
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
@@ -617,8 +631,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    if not causal and impl in SPLIT_IMPLS:  # nothing to split: v6 / v7 are v3 / v5
-        impl = SPLIT_IMPLS[impl]
+    if not causal and impl in CAUSAL_WS:  # no diagonal: v6 / v7 / v8 are v3 / v5 / v3
+        impl = CAUSAL_WS[impl]
     if causal and impl in ("v3", "v5"):  # causal warp specialization in one launch: wrong results or no compile
         impl = NO_WS[impl]
     asked = lse_store is not None
@@ -665,9 +679,16 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             return _Chain(first, second)
         if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
             return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
-        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
+        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, PART=2 if impl == "v8" else 0, **more)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
+    if impl == "v8" and not (cfg[0] == cfg[1] and Nk >= Nq and (Nk - Nq) % cfg[1] == 0):
+        # its diagonal is one tile only when the tiles are square and the keys past the queries fill whole tiles
+        if config is not None:
+            raise ValueError(f"v8 needs BLOCK_M == BLOCK_N and Nk - Nq >= 0 a multiple of it; got {cfg} with "
+                             f"Nq={Nq}, Nk={Nk}")
+        impl = NO_WS[impl]
+        cfg = _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
     key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop
     if impl != "v1" and config is None and key in _fwd_fallen_back:
         impl, cfg = "v1", _blocks(D, q.dtype, causal=causal, n=Nk)
