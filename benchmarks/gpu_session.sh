@@ -52,6 +52,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels20")      # tests after review; v2 host tiles
 #                run(command="bash benchmarks/gpu_session.sh kernels21")      # causal forward in two launches (v6/v7)
 #                run(command="bash benchmarks/gpu_session.sh kernels22")      # causal forward: diagonal first (v8)
+#                run(command="bash benchmarks/gpu_session.sh kernels23")      # v2 host tiles, 4K-16K, repeated
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -672,7 +673,8 @@ kernels20)  # issue 12, last: the compiled tests after the review fixes (host de
     v2:128,64,8,3 v2:128,64,8,4 v2:128,64,4,3 v2:64,128,4,3 v2:64,64,4,3 v2:64,64,4,4 \
     --out "$OUT/flash_attention_tune_hostdesc_tiles_h200.json" > "$OUT/flash_attention_tune_hostdesc_tiles_h200.txt" 2>&1
   echo "tiles rc=$?"; grep -E "^ *128 " "$OUT/flash_attention_tune_hostdesc_tiles_h200.txt" | cut -c1-150 ;;
-kernels21)  # issue 12: the causal forward in two launches (v6 / v7: the unmasked key tiles warp-specialized, then the
+kernels21)  # (ran at commit abdd8b6; v6-v8 were reverted after kernels22, so it no longer runs as is)
+  # issue 12: the causal forward in two launches (v6 / v7: the unmasked key tiles warp-specialized, then the
   # diagonal resumed from their O and LSE): compiled tests in 8 shards; v6 / v7 tiles beside the defaults (v1 at 1K,
   # v2 with host descriptors from 4K), cuDNN and FA2 from CUDA graphs at causal d=128; then eagerly, side by side
   # with the default in one process, every D and N, forward and forward+backward (~9 min)
@@ -689,7 +691,8 @@ kernels21)  # issue 12: the causal forward in two launches (v6 / v7: the unmaske
     --providers minillm minillm_v6 minillm_v7 sdpa_cudnn sdpa_flash --bwd-seq-lens 1024 4096 \
     --out "$OUT/flash_attention_split_h200.json" > "$OUT/flash_attention_split_h200.txt" 2>&1
   echo "side by side rc=$?"; grep -E "minillm|cudnn" "$OUT/flash_attention_split_h200.txt" | cut -c1-90 ;;
-kernels22)  # issue 12: v8, the causal diagonal tile before the warp-specialized loop in one launch (v6's second launch
+kernels22)  # (ran at commit 6c5684e; reverted after, as kernels21)
+  # issue 12: v8, the causal diagonal tile before the warp-specialized loop in one launch (v6's second launch
   # cost more than warp specialization saved below 16K): compiled tests in 6 shards; tiles beside v1, v2 with host
   # descriptors and v6 from CUDA graphs at causal d=128; then eagerly beside the default, every D and N (~8 min)
   K22="causal_warp_specialized or (gpu_tolerance_rule and not backward and v8) or (lse_matches_float64 and v8)"
@@ -704,6 +707,15 @@ kernels22)  # issue 12: v8, the causal diagonal tile before the warp-specialized
     --providers minillm minillm_v6 minillm_v8 sdpa_cudnn sdpa_flash \
     --out "$OUT/flash_attention_diag_h200.json" > "$OUT/flash_attention_diag_h200.txt" 2>&1
   echo "side by side rc=$?"; grep -E "minillm|cudnn" "$OUT/flash_attention_diag_h200.txt" | cut -c1-90 ;;
+kernels23)  # issue 12: v2 with host descriptors, its 128 x 128 tiles against 64 x 64 (which won at 4K in kernels20) at
+  # causal d=128 4K, 8K, 16K: twice from CUDA graphs and once eagerly, cuDNN and FA2 in each process (~4 min)
+  for t in g1 g2 e; do
+    G=--cudagraph; [ "$t" = e ] && G=
+    timeout 100 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 4096 8192 16384 \
+      --impls v2 --host-desc 1 $G --only v2:128,128,8,3 v2:64,64,4,3 \
+      --out "$OUT/flash_attention_hostdesc_tiles_$t.json" > "$OUT/flash_attention_hostdesc_tiles_$t.txt" 2>&1
+    echo "$t rc=$?"; grep -E "^D=" "$OUT/flash_attention_hostdesc_tiles_$t.txt" | cut -c1-160
+  done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

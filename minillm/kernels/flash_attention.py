@@ -203,39 +203,6 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS,
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
-@triton.jit
-def _fwd_resume_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
-                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       PAD_D: tl.constexpr, IEEE: tl.constexpr):
-    """The second launch of the causal v6 / v7: the masked key tiles [full, hi) of each query tile (the
-    diagonal), resumed from the O and LSE that the first launch stored for the unmasked tiles [0, full),
-    with the same BLOCK_M and BLOCK_N. (o, lse) is an online-softmax state of its own: with m = lse in
-    log2 units and l = 1, acc = o satisfies acc / l = o and m + log2(l) = lse, so the loop goes on as if
-    it had never stopped; a row that saw no key yet (lse = -inf) starts empty."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = bh % H
-    hk = h // GROUP
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
-    tile = (rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM)
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=tile, other=0.0)
-    o_ptrs = O + b * sob + h * soh + rows[:, None] * son + dims[None, :]
-    acc = tl.load(o_ptrs, mask=tile, other=0.0).to(tl.float32)
-    lse = tl.load(LSE + bh * Nq + rows, mask=rows < Nq, other=float("-inf"))
-    m = lse * 1.4426950408889634
-    l = tl.where(lse == float("-inf"), 0.0, 1.0)
-    offset = Nk - Nq
-    full, hi = _key_range(pid_m * BLOCK_M, Nk, offset, BLOCK_M, BLOCK_N, True)
-    acc, l, m = _fwd_inner(acc, l, m, q, K + b * skb + hk * skh, V + b * svb + hk * svh, rows, dims, full, hi,
-                           Nk, offset, skn, svn, qk_scale, HEAD_DIM, BLOCK_N, True, True, PAD_D, IEEE)
-    o, lse = _normalize(acc, l, m)
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=tile)
-    tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
-
-
 # ---------------------------------------------------------------------------------------------
 # Forward v2-v5: the same FlashAttention-2 loop, fed by the Hopper tensor-memory accelerator (TMA).
 #
@@ -254,37 +221,7 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
 # * v4: v2 with a persistent grid: one program per SM (times the occupancy) loops over the tiles,
 #   heaviest first when causal, so no SM idles in a last partial wave.
 # * v5: v4 with warp specialization on the persistent loop.
-# * v6 / v7: the causal v3 / v5 in two launches. The first runs only the unmasked key tiles of each query
-#   tile (PART=1): one loop, which warp specialization compiles causal too, and stores O and the LSE of
-#   the keys seen so far (through the descriptor store). The second, _fwd_resume_kernel, runs the masked
-#   diagonal tiles from that state. Non-causal calls of v6 / v7 are v3 / v5.
 # ---------------------------------------------------------------------------------------------
-
-@triton.jit
-def _fwd_step_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, start, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr):
-    """One key tile (keys start .. start + BLOCK_N) of _fwd_inner_tma's loop, through descriptors."""
-    kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
-    s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
-    if MASKED:
-        cols = start + tl.arange(0, BLOCK_N)
-        valid = cols[None, :] < Nk
-        if CAUSAL:
-            valid = valid & (cols[None, :] <= rows[:, None] + offset)
-        s = tl.where(valid, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_shift[:, None])
-    else:
-        m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
-        m_shift = m_new
-        p = tl.exp2(s * qk_scale - m_shift[:, None])
-    alpha = tl.exp2(m - m_shift)
-    l = l * alpha + tl.sum(p, axis=1)
-    v = v_desc.load([kv_row + start, 0])
-    acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
-    return acc, l, m_new
-
 
 @triton.jit
 def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
@@ -293,8 +230,26 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offse
     the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors)."""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
-        acc, l, m = _fwd_step_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, start, Nk, offset, qk_scale,
-                                  BLOCK_N, MASKED, CAUSAL, IEEE)
+        kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
+        s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
+        if MASKED:
+            cols = start + tl.arange(0, BLOCK_N)
+            valid = cols[None, :] < Nk
+            if CAUSAL:
+                valid = valid & (cols[None, :] <= rows[:, None] + offset)
+            s = tl.where(valid, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_shift[:, None])
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+            m_shift = m_new
+            p = tl.exp2(s * qk_scale - m_shift[:, None])
+        alpha = tl.exp2(m - m_shift)
+        l = l * alpha + tl.sum(p, axis=1)
+        v = v_desc.load([kv_row + start, 0])
+        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+        m = m_new
     return acc, l, m
 
 
@@ -303,17 +258,13 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
+                  LSE_STORE: tl.constexpr = 0):
     """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. The descriptors come
     from the host (Q_DESC...: over the flattened (B * heads * N, D) tensors, whose rows of one head start at
     head * N; ``TMA_HOST_DESCRIPTORS``) or are built here per (batch, head), every tile. ``LSE_STORE``:
     0 stores the LSE through pointers built from the row offsets computed before the loop, 1 through
     offsets recomputed after it, 2 through a 1-D tensor descriptor, the only one of the three that warp
-    specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py. ``PART`` 1 (v6, v7):
-    the unmasked key tiles only, one loop, which warp specialization compiles causal too; O and the LSE
-    it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles. ``PART`` 2 (v8):
-    the masked keys [full, hi) as one tile before the loop, not a second loop; the caller guarantees that
-    they fit one tile (BLOCK_M == BLOCK_N, Nk >= Nq, (Nk - Nq) % BLOCK_N == 0)."""
+    specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -343,12 +294,9 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
-    if PART == 2:  # v8: the one masked (diagonal) tile first, straight-line code, then the warp-specialized loop
-        acc, l, m = _fwd_step_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, Nk, offset, qk_scale,
-                                  BLOCK_N, True, CAUSAL, IEEE)
     acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
                                BLOCK_N, False, CAUSAL, IEEE, WS)
-    if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
+    if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
                                    BLOCK_N, True, CAUSAL, IEEE, False)
     o, lse = _normalize(acc, l, m)
@@ -372,7 +320,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
                     LSE_DESC,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
+                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0):
     if PERSISTENT:
         # tile t: causal runs the last (heaviest) query tiles of every head first; non-causal keeps the
         # tiles of one head together, so the programs running at once share its K and V in L2
@@ -386,7 +334,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                           Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE, PART)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE)
     else:
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -395,7 +343,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
         _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                       Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE, PART)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -416,7 +364,7 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 1) if D <= 128 else (64, 32, 8, 1)
     if D > 128:
         return 64, 32, 8, 1
-    if impl in WS_IMPLS:
+    if impl in ("v3", "v5"):
         return 128, 128, 4, 2
     if impl == "v4":
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 3)
@@ -487,14 +435,7 @@ WS_LSE_STORE = 2
 # every TMA call; False (the default) makes them only where host_descriptors_pay grants them. Calls with host
 # descriptors make them anew each time (no plans: a plan would keep the old tensors' addresses).
 TMA_HOST_DESCRIPTORS = False
-FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8")  # v1 pointers; v2 TMA; v3 TMA + warp specialization;
-# v4/v5 persistent; v6/v7: v3/v5 in two launches when causal; v8: v3 with the causal diagonal tile before the loop
-WS_IMPLS = ("v3", "v5", "v6", "v7", "v8")  # the warp-specialized versions
-CAUSAL_WS = {"v6": "v3", "v7": "v5", "v8": "v3"}  # the causal warp-specialized versions, and what they are non-causal
-SPLIT_IMPLS = ("v6", "v7")  # the two-launch ones
-NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2", "v7": "v4", "v8": "v2"}  # what runs when warp specialization cannot
-# Tiles of the resume launch of v6 / v7 besides the first launch's BLOCK_M x BLOCK_N: (num_warps, num_stages)
-RESUME_WARPS_STAGES = (8, 2)
+FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
 
@@ -557,20 +498,6 @@ def clear_plans() -> None:
     _plans.clear()
 
 
-class _Chain:
-    """Two bound launches run as one (v6 / v7): called with the tensors, it repeats both; ``compiled`` is the
-    first's kernel, the one ``last_forward_kernel`` reports."""
-    __slots__ = ("first", "second", "compiled")
-
-    def __init__(self, first, second):
-        self.first, self.second, self.compiled = first, second, first.compiled
-
-    def __call__(self, *tensors):
-        self.first(*tensors)
-        self.second(*tensors)
-        return self.compiled
-
-
 class _Launched:
     """What ``_forward`` keeps of a launch it did not bind (host descriptors): the compiled kernel."""
     __slots__ = ("compiled",)
@@ -606,7 +533,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
-                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, RESUME_WARPS_STAGES)
+                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
@@ -631,16 +558,14 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    if not causal and impl in CAUSAL_WS:  # no diagonal: v6 / v7 / v8 are v3 / v5 / v3
-        impl = CAUSAL_WS[impl]
-    if causal and impl in ("v3", "v5"):  # causal warp specialization in one launch: wrong results or no compile
-        impl = NO_WS[impl]
+    ws_off = {"v3": "v2", "v5": "v4"}
+    if causal and impl in ws_off:  # causal warp specialization: wrong results or no compile
+        impl = ws_off[impl]
     asked = lse_store is not None
     if not asked:  # the descriptor store needs 16-byte aligned rows of the LSE: Nq % 4 == 0
-        lse_store = WS_LSE_STORE if impl in WS_IMPLS and Nq % 4 == 0 else 0
-    # a pointer store is dropped under warp specialization (see WS_LSE_STORE); v6 / v7 resume from the LSE
-    if lse_store != 2 and impl in WS_IMPLS and (need_lse or impl in SPLIT_IMPLS):
-        impl = NO_WS[impl]
+        lse_store = WS_LSE_STORE if impl in ws_off and Nq % 4 == 0 else 0
+    if need_lse and lse_store != 2 and impl in ws_off:  # a pointer store is dropped (see WS_LSE_STORE)
+        impl = ws_off[impl]
     block_d = max(16, next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
 
@@ -655,40 +580,24 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                         Hq // k.shape[1], group_heads, *args, PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
-        persistent = impl in ("v4", "v5", "v7")
+        persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
-        descs = (None,) * 5  # (v6 / v7 warp-specialize, which Triton 3.6 does with in-kernel descriptors only)
-        if (host_desc and impl not in SPLIT_IMPLS and all(t.is_contiguous() for t in (q, k, v, o))
-                and Nq % bm == 0 and Nk % bn == 0):
+        descs = (None,) * 5
+        if host_desc and all(t.is_contiguous() for t in (q, k, v, o)) and Nq % bm == 0 and Nk % bn == 0:
             descs = (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(k, [k.shape[0] * k.shape[1] * Nk, D], [D, 1], [bn, block_d]),
                      TensorDescriptor(v, [v.shape[0] * v.shape[1] * Nk, D], [D, 1], [bn, block_d]),
                      TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
-        more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
+        more = dict(EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
-        if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
-            first = bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, PART=1, **more)
-            resume_warps, resume_stages = RESUME_WARPS_STAGES
-            second = bind(_fwd_resume_kernel, (n_m, B * Hq), 5, q, k, v, o, lse, scale * LOG2E, Nq, Nk, Hq,
-                          Hq // k.shape[1], *args, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
-                          PAD_D=block_d != D, IEEE=q.dtype == torch.float32, num_warps=resume_warps,
-                          num_stages=resume_stages)
-            return _Chain(first, second)
         if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
             return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
-        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, PART=2 if impl == "v8" else 0, **more)
+        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
-    if impl == "v8" and not (cfg[0] == cfg[1] and Nk >= Nq and (Nk - Nq) % cfg[1] == 0):
-        # its diagonal is one tile only when the tiles are square and the keys past the queries fill whole tiles
-        if config is not None:
-            raise ValueError(f"v8 needs BLOCK_M == BLOCK_N and Nk - Nq >= 0 a multiple of it; got {cfg} with "
-                             f"Nq={Nq}, Nk={Nk}")
-        impl = NO_WS[impl]
-        cfg = _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
     key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop
     if impl != "v1" and config is None and key in _fwd_fallen_back:
         impl, cfg = "v1", _blocks(D, q.dtype, causal=causal, n=Nk)
@@ -703,7 +612,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         impl = "v1"
         bound = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = bound.compiled, impl
-    keep_lse = not (impl in WS_IMPLS and lse_store != 2 and not asked)
+    keep_lse = not (impl in ("v3", "v5") and lse_store != 2 and not asked)
     if plan_key is not None and o.data_ptr() % 16 == 0 and not isinstance(bound, _Launched):
         # (a misaligned o is not the key's usual case; host descriptors hold this call's addresses: no replay)
         _remember(plan_key, (impl, bound, keep_lse))
