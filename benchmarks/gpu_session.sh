@@ -53,6 +53,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels21")      # causal forward in two launches (v6/v7)
 #                run(command="bash benchmarks/gpu_session.sh kernels22")      # causal forward: diagonal first (v8)
 #                run(command="bash benchmarks/gpu_session.sh kernels23")      # v2 host tiles, 4K-16K, repeated
+#                run(command="bash benchmarks/gpu_session.sh kernels24")      # 64 x 64 host tiles below 8K; the grid
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -716,6 +717,14 @@ kernels23)  # issue 12: v2 with host descriptors, its 128 x 128 tiles against 64
       --out "$OUT/flash_attention_hostdesc_tiles_$t.json" > "$OUT/flash_attention_hostdesc_tiles_$t.txt" 2>&1
     echo "$t rc=$?"; grep -E "^D=" "$OUT/flash_attention_hostdesc_tiles_$t.txt" | cut -c1-160
   done ;;
+kernels24)  # issue 12: v2 with host descriptors on 64 x 64 tiles below HOST_DESC_SMALL_TILES_BELOW keys (kernels23): the
+  # compiled tests of that path in 6 shards, then the recorded grid again (~9 min)
+  K24="host_desc or never_replays or (training_default and 4096) or (gpu_tolerance_rule and not backward and v2)"
+  K24="$K24 or causal_order or lse_matches_float64"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "$K24" 2>/dev/null | run_shards kernel_tests_kernels24 6 110
+  flash_grid
+  grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

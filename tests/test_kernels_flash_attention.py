@@ -151,6 +151,18 @@ def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured():
     assert fa.fwd_plan(128, torch.bfloat16, True, n, n, interpreted=True)[0] == "v1"
 
 
+def test_blocks_v2_host_descriptor_tiles_by_length():
+    """v2 at D=128 causal takes 64 x 64 tiles from HOST_DESC_MIN_N up to HOST_DESC_SMALL_TILES_BELOW keys, where they
+    won side by side on the H200, and 128 x 128 from there; other v2 calls keep their tiles."""
+    from minillm.kernels import flash_attention as fa
+
+    lo, hi = fa.HOST_DESC_MIN_N, fa.HOST_DESC_SMALL_TILES_BELOW
+    blocks = lambda d, causal, n: fa._blocks(d, torch.bfloat16, interpreted=False, impl="v2", causal=causal, n=n)  # noqa: E731
+    assert blocks(128, True, lo) == blocks(128, True, hi - 128) == (64, 64, 4, 3)
+    assert blocks(128, True, hi) == blocks(128, True, 2 * hi) == blocks(128, True, lo // 2) == (128, 128, 8, 3)
+    assert blocks(128, False, lo) == (128, 128, 8, 3) and blocks(64, True, lo) == (128, 128, 4, 3)
+
+
 def test_forward_default_host_descriptors_where_they_pay(monkeypatch):
     """The default path at D=128 causal past HOST_DESC_MIN_N keys (lowered here to 128 and the GPU plan forced, so
     the interpreter takes it): v2 with its descriptors made on the host, twice on new tensors of the same shape

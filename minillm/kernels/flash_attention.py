@@ -353,7 +353,8 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
     The 16-bit rows are the winners of benchmarks/flash_attention_tune.py on the H200 (bf16, B=4, H=32,
     N=1K and 4K; results/flash_attention_tune_h200.json): 64x64 tiles win up to N=1K and for causal
     D=64, where more, smaller programs fill the SMs; the TMA versions hold fewer registers and take
-    128x128 tiles, except the persistent v4, for which 128x128 ran out of shared memory. Warp
+    128x128 tiles, except the persistent v4, for which 128x128 ran out of shared memory, and v2 at D=128
+    causal from HOST_DESC_MIN_N to HOST_DESC_SMALL_TILES_BELOW keys (with host descriptors), 64x64. Warp
     specialization is only correct with the tiles it was checked with: with (128, 64, 4 warps,
     3 stages) it returned NaNs. fp32 tiles are twice the bytes, so they keep
     smaller pipelines that fit in shared memory (and only v1 was measured in fp32).
@@ -368,6 +369,8 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
         return 128, 128, 4, 2
     if impl == "v4":
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 3)
+    if impl == "v2" and D == 128 and causal and HOST_DESC_MIN_N <= n < HOST_DESC_SMALL_TILES_BELOW:
+        return 64, 64, 4, 3
     if impl == "v2":
         return (128, 128, 4, 3) if D <= 64 else (128, 128, 8, 3)
     if n <= 1024 or (D <= 64 and causal):
@@ -407,6 +410,11 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # descriptors made v2 6% faster and put it 3% ahead of v1 (results/flash_attention_tune_hostdesc128_h200.json);
 # with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1.
 HOST_DESC_MIN_N = 4096
+# ... and its tiles there: 64 x 64 (4 warps, 3 stages) below this many keys, 128 x 128 (8 warps) from it. Side by
+# side in one process, 64 x 64 ran 1.6 / 4.1% faster from CUDA graphs and 2.9% eagerly at 4K, tied at 8K (-0.3 to
+# +1.1%) and lost up to 12% at 16K (results/flash_attention_hostdesc_tiles_h200.json; 4K and 16K first in
+# results/flash_attention_tune_hostdesc_tiles_h200.json).
+HOST_DESC_SMALL_TILES_BELOW = 8192
 # The causal forward's order (_causal_order): heads are taken in groups of about this many programs (whole heads,
 # at least one), each group heaviest tile first. A group that spans the grid would order it globally, but then
 # every head's K and V are read at once and L2 holds fewer of them; one head at a time (1 here) leaves the grid's
@@ -533,7 +541,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
-                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N)
+                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
