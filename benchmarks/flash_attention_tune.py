@@ -60,7 +60,7 @@ def candidates(impl: str, d: int, only=None):
         return [(c, 1) for c in CONFIGS.get(d, [])]
     if impl == "v2":
         return [(c, 1) for c in TMA_CONFIGS.get(d, [])]
-    if impl == "v3":
+    if impl in ("v3", "v6"):
         return [(c, 1) for c in WS_CONFIGS.get(d, [])]
     base = TMA_CONFIGS if impl == "v4" else WS_CONFIGS
     return [(c, p) for c in base.get(d, [])[:3] for p in (1, 2)]
@@ -109,6 +109,9 @@ def main(argv=None):
     print(f"{'D':>4s} {'N':>6s} {'causal':>6s} {'impl':>4s} {'BM':>4s} {'BN':>4s} {'warps':>5s} {'stages':>6s} "
           f"{'p/SM':>4s} {'TFLOP/s':>8s} {'regs':>5s} {'spills':>6s} {'smem KiB':>8s}  check", flush=True)
     host_default = fa.TMA_HOST_DESCRIPTORS
+
+    def hosts(impl):  # v1 has no descriptors; v6 warp-specializes, which needs them built in the kernel
+        return [0] if impl == "v1" or impl in fa.SPLIT_IMPLS else args.host_desc
     for d in args.head_dims:
         for causal in (c == "True" for c in args.causal):
             for n in args.seq_lens:
@@ -126,7 +129,7 @@ def main(argv=None):
                           "tflops": flops / (ms * 1e-3) / 1e12})
                     print(f"{d:4d} {n:6d} {str(causal):>6s} {name}: {rows[-1]['tflops']:8.1f}", flush=True)
                 for impl, cfg, per_sm, host in ((i, c, p, h) for i in args.impls for c, p in candidates(i, d, args.only)
-                                                for h in (args.host_desc if i != "v1" else [0])):
+                                                for h in hosts(i)):
                         fa.TMA_HOST_DESCRIPTORS = bool(host)
                         row = {"D": d, "N": n, "causal": causal, "provider": "minillm", "impl": impl,
                                "config": cfg, "programs_per_sm": per_sm, "host_desc": bool(host)}
@@ -140,7 +143,7 @@ def main(argv=None):
                                        regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
                                        shared_bytes=getattr(getattr(kern, "metadata", None), "shared", None))
                             row["ok"] = row["max_abs_diff_vs_cudnn"] < 2e-2 and row["ran"] == impl
-                            if impl in ("v3", "v5") and row["ok"]:  # a warp-specialization race shows up as
+                            if impl in fa.WS_IMPLS and row["ok"]:  # a warp-specialization race shows up as
                                 row["repeat_diffs"] = repeat_check(d, n, causal, cfg, impl, per_sm, args.repeats)
                                 row["ok"] = max(row["repeat_diffs"]) < 2e-2  # a rare wrong result: recheck
                             ms = timer(run)
@@ -163,7 +166,7 @@ def main(argv=None):
                 at = [r for r in rows if r["D"] == d and r["N"] == n and r["causal"] == causal]
                 ref = {r["provider"]: r["tflops"] for r in at if r["provider"] != "minillm"}
                 line = []
-                for impl, host in ((i, h) for i in args.impls for h in (args.host_desc if i != "v1" else [0])):
+                for impl, host in ((i, h) for i in args.impls for h in hosts(i)):
                     good = [r for r in at if r.get("impl") == impl and r.get("ok") and r.get("tflops")
                             and r.get("host_desc", False) == bool(host)]
                     name = impl + ("h" if host else "")

@@ -54,6 +54,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels22")      # causal forward: diagonal first (v8)
 #                run(command="bash benchmarks/gpu_session.sh kernels23")      # v2 host tiles, 4K-16K, repeated
 #                run(command="bash benchmarks/gpu_session.sh kernels24")      # 64 x 64 host tiles below 8K; the grid
+#                run(command="bash benchmarks/gpu_session.sh kernels25")      # v6 again: float32 partial O, small resume
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -725,6 +726,18 @@ kernels24)  # issue 12: v2 with host descriptors on 64 x 64 tiles below HOST_DES
     -k "$K24" 2>/dev/null | run_shards kernel_tests_kernels24 6 110
   flash_grid
   grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
+kernels25)  # issue 12: v6 back, its partial O in float32 and its second launch on smaller tiles: the compiled tests of
+  # v6 in 6 shards, then where its time goes (flash_attention_split_study.py: both launches apart, six settings of
+  # the second, beside the default, cuDNN and FA2) at causal d=128 4K and 16K, then 1K and 8K with the first setting
+  K25="split_causal or (gpu_tolerance_rule and not backward and v6) or (lse_matches_float64 and v6) or resumes"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "$K25" 2>/dev/null | run_shards kernel_tests_kernels25 6 120
+  timeout 230 python3 benchmarks/flash_attention_split_study.py --seq-lens 4096 16384 \
+    --out "$OUT/flash_attention_split_study_h200.json" > "$OUT/flash_attention_split_study_h200.txt" 2>&1
+  echo "study rc=$?"; grep -E "default|v6 |cudnn" "$OUT/flash_attention_split_study_h200.txt" | cut -c1-110
+  timeout 100 python3 benchmarks/flash_attention_split_study.py --seq-lens 1024 8192 --settings 1 \
+    --out "$OUT/flash_attention_split_study2_h200.json" > "$OUT/flash_attention_split_study2_h200.txt" 2>&1
+  echo "study2 rc=$?"; grep -E "default|v6 |cudnn" "$OUT/flash_attention_split_study2_h200.txt" | cut -c1-110 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

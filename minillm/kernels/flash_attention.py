@@ -203,6 +203,42 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS,
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
+@triton.jit
+def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
+                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       FIRST_M: tl.constexpr, FIRST_N: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr):
+    """The second launch of the causal v6: the masked key tiles of each query tile (the diagonal), resumed from
+    the partial O (OP, same strides as O) and the LSE that the first launch stored for the unmasked tiles
+    [0, full), ``full`` as the first launch's FIRST_M x FIRST_N tiles set it; this launch's own BLOCK_M rows
+    lie inside one of those tiles. (o, lse) is an online-softmax state of its own: with m = lse in log2 units
+    and l = 1, acc = o satisfies acc / l = o and m + log2(l) = lse, so the loop goes on as if it had never
+    stopped; a row that saw no key yet (lse = -inf) starts empty."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = bh % H
+    hk = h // GROUP
+    m0 = pid_m * BLOCK_M
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    tile = (rows[:, None] < Nq) & (dims[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dims[None, :], mask=tile, other=0.0)
+    offsets = b * sob + h * soh + rows[:, None] * son + dims[None, :]
+    acc = tl.load(OP + offsets, mask=tile, other=0.0).to(tl.float32)
+    lse = tl.load(LSE + bh * Nq + rows, mask=rows < Nq, other=float("-inf"))
+    m = lse * 1.4426950408889634
+    l = tl.where(lse == float("-inf"), 0.0, 1.0)
+    offset = Nk - Nq
+    full = _key_range((m0 // FIRST_M) * FIRST_M, Nk, offset, FIRST_M, FIRST_N, True)[0]
+    hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, True)[1]
+    acc, l, m = _fwd_inner(acc, l, m, q, K + b * skb + hk * skh, V + b * svb + hk * svh, rows, dims, full, hi,
+                           Nk, offset, skn, svn, qk_scale, HEAD_DIM, BLOCK_N, True, True, PAD_D, IEEE)
+    o, lse = _normalize(acc, l, m)
+    tl.store(O + offsets, o.to(O.dtype.element_ty), mask=tile)
+    tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
+
+
 # ---------------------------------------------------------------------------------------------
 # Forward v2-v5: the same FlashAttention-2 loop, fed by the Hopper tensor-memory accelerator (TMA).
 #
@@ -221,6 +257,11 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS,
 # * v4: v2 with a persistent grid: one program per SM (times the occupancy) loops over the tiles,
 #   heaviest first when causal, so no SM idles in a last partial wave.
 # * v5: v4 with warp specialization on the persistent loop.
+# * v6: the causal v3 in two launches. The first runs only the unmasked key tiles of each query tile
+#   (PART=1): one loop, which warp specialization compiles causal too, and stores the partial O (float32,
+#   SPLIT_PARTIAL_FP32) and the LSE of the keys seen so far (through the descriptor store). The second,
+#   _fwd_resume_kernel, runs the masked diagonal tiles from that state, on smaller tiles (RESUME_CONFIG).
+#   Non-causal calls of v6 are v3.
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -258,13 +299,15 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  LSE_STORE: tl.constexpr = 0):
+                  LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
     """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. The descriptors come
     from the host (Q_DESC...: over the flattened (B * heads * N, D) tensors, whose rows of one head start at
     head * N; ``TMA_HOST_DESCRIPTORS``) or are built here per (batch, head), every tile. ``LSE_STORE``:
     0 stores the LSE through pointers built from the row offsets computed before the loop, 1 through
     offsets recomputed after it, 2 through a 1-D tensor descriptor, the only one of the three that warp
-    specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py."""
+    specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py. ``PART`` 1 (v6):
+    the unmasked key tiles only, one loop, which warp specialization compiles causal too; O and the LSE
+    it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -296,7 +339,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
                                BLOCK_N, False, CAUSAL, IEEE, WS)
-    if CAUSAL or not EVEN_N:  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
+    if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
                                    BLOCK_N, True, CAUSAL, IEEE, False)
     o, lse = _normalize(acc, l, m)
@@ -320,7 +363,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
                     LSE_DESC,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0):
+                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
     if PERSISTENT:
         # tile t: causal runs the last (heaviest) query tiles of every head first; non-causal keeps the
         # tiles of one head together, so the programs running at once share its K and V in L2
@@ -334,7 +377,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                           Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE, PART)
     else:
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -343,7 +386,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
         _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                       Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE, PART)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -365,7 +408,7 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 1) if D <= 128 else (64, 32, 8, 1)
     if D > 128:
         return 64, 32, 8, 1
-    if impl in ("v3", "v5"):
+    if impl in WS_IMPLS:
         return 128, 128, 4, 2
     if impl == "v4":
         return (128, 64, 4, 3) if D <= 64 else (128, 64, 8, 3)
@@ -443,7 +486,17 @@ WS_LSE_STORE = 2
 # every TMA call; False (the default) makes them only where host_descriptors_pay grants them. Calls with host
 # descriptors make them anew each time (no plans: a plan would keep the old tensors' addresses).
 TMA_HOST_DESCRIPTORS = False
-FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")  # v1 pointers; v2 TMA; v3 TMA + warp specialization; v4/v5 persistent
+FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6")  # v1 pointers; v2 TMA; v3 TMA + warp specialization;
+# v4/v5 persistent; v6: v3 in two launches when causal
+WS_IMPLS = ("v3", "v5", "v6")  # the warp-specialized versions
+SPLIT_IMPLS = {"v6": "v3"}  # the two-launch causal version, and what it is non-causal
+NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specialization cannot
+# v6's second launch: (BLOCK_M, BLOCK_N, num_warps, num_stages). Its query tiles must divide the first launch's.
+RESUME_CONFIG = (64, 64, 4, 2)
+# v6's first launch writes O in float32 to a scratch buffer (True) or in O's own dtype into O (False): rounded
+# to bf16 there, the partial O put v6 outside the tolerance rule at 1024 queries over 3072 keys
+# (results/kernel_tests_kernels22.txt)
+SPLIT_PARTIAL_FP32 = True
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
 
@@ -506,6 +559,21 @@ def clear_plans() -> None:
     _plans.clear()
 
 
+class _Chain:
+    """v6's two bound launches run as one: called with (q, k, v, o, lse), it makes the partial-O buffer (float32,
+    or o itself) and runs both; ``compiled`` is the first's kernel, the one ``last_forward_kernel`` reports."""
+    __slots__ = ("first", "second", "compiled", "fp32")
+
+    def __init__(self, first, second, fp32: bool):
+        self.first, self.second, self.compiled, self.fp32 = first, second, first.compiled, fp32
+
+    def __call__(self, q, k, v, o, lse):
+        part = torch.empty_like(o, dtype=torch.float32) if self.fp32 else o
+        self.first(q, k, v, part, lse)
+        self.second(q, k, v, o, lse, part)
+        return self.compiled
+
+
 class _Launched:
     """What ``_forward`` keeps of a launch it did not bind (host descriptors): the compiled kernel."""
     __slots__ = ("compiled",)
@@ -541,7 +609,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
-                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW)
+                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
+                    SPLIT_PARTIAL_FP32)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
@@ -566,14 +635,16 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         raise ValueError(f"unknown forward impl {impl!r}; choose one of {FWD_IMPLS}")
     if impl != "v1" and not _tma_ok(q, k, v, o):
         impl = "v1"
-    ws_off = {"v3": "v2", "v5": "v4"}
-    if causal and impl in ws_off:  # causal warp specialization: wrong results or no compile
-        impl = ws_off[impl]
+    if not causal and impl in SPLIT_IMPLS:  # nothing to split: v6 is v3
+        impl = SPLIT_IMPLS[impl]
+    if causal and impl in ("v3", "v5"):  # causal warp specialization in one launch: wrong results or no compile
+        impl = NO_WS[impl]
     asked = lse_store is not None
     if not asked:  # the descriptor store needs 16-byte aligned rows of the LSE: Nq % 4 == 0
-        lse_store = WS_LSE_STORE if impl in ws_off and Nq % 4 == 0 else 0
-    if need_lse and lse_store != 2 and impl in ws_off:  # a pointer store is dropped (see WS_LSE_STORE)
-        impl = ws_off[impl]
+        lse_store = WS_LSE_STORE if impl in WS_IMPLS and Nq % 4 == 0 else 0
+    # a pointer store is dropped under warp specialization (see WS_LSE_STORE); v6 resumes from the LSE
+    if lse_store != 2 and impl in WS_IMPLS and (need_lse or impl in SPLIT_IMPLS):
+        impl = NO_WS[impl]
     block_d = max(16, next_power_of_2(D))
     args = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
 
@@ -591,16 +662,31 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
-        descs = (None,) * 5
-        if host_desc and all(t.is_contiguous() for t in (q, k, v, o)) and Nq % bm == 0 and Nk % bn == 0:
+        descs = (None,) * 5  # (v6 warp-specializes, which Triton 3.6 does with in-kernel descriptors only)
+        if (host_desc and impl not in SPLIT_IMPLS and all(t.is_contiguous() for t in (q, k, v, o))
+                and Nq % bm == 0 and Nk % bn == 0):
             descs = (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(k, [k.shape[0] * k.shape[1] * Nk, D], [D, 1], [bn, block_d]),
                      TensorDescriptor(v, [v.shape[0] * v.shape[1] * Nk, D], [D, 1], [bn, block_d]),
                      TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
-        more = dict(EVEN_N=Nk % bn == 0, WS=impl in ("v3", "v5"), PERSISTENT=persistent, LSE_STORE=lse_store,
+        more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
+        if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
+            fp32 = SPLIT_PARTIAL_FP32 and o.dtype != torch.float32
+            part = torch.empty_like(o, dtype=torch.float32) if fp32 else o
+            if part.stride() != o.stride():
+                raise RuntimeError("v6: the partial O must have O's strides")
+            first = bind(_fwd_kernel_tma, grid, 5, q, k, v, part, lse, *tail, PART=1, **more)
+            rm, rn, rw, rs = (min(bm, 16), min(bn, 16), 1, 1) if INTERPRETED else RESUME_CONFIG
+            if bm % rm:
+                rm = bm
+            second = bind(_fwd_resume_kernel, (cdiv(Nq, rm), B * Hq), 6, q, k, v, o, lse, part, scale * LOG2E, Nq,
+                          Nk, Hq, Hq // k.shape[1], *args, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=rm, BLOCK_N=rn,
+                          FIRST_M=bm, FIRST_N=bn, PAD_D=block_d != D, IEEE=q.dtype == torch.float32,
+                          num_warps=rw, num_stages=rs)
+            return _Chain(first, second, fp32)
         if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
             return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
         return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
@@ -620,7 +706,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         impl = "v1"
         bound = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = bound.compiled, impl
-    keep_lse = not (impl in ("v3", "v5") and lse_store != 2 and not asked)
+    keep_lse = not (impl in WS_IMPLS and lse_store != 2 and not asked)
     if plan_key is not None and o.data_ptr() % 16 == 0 and not isinstance(bound, _Launched):
         # (a misaligned o is not the key's usual case; host descriptors hold this call's addresses: no replay)
         _remember(plan_key, (impl, bound, keep_lse))
