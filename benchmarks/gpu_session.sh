@@ -55,6 +55,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels23")      # v2 host tiles, 4K-16K, repeated
 #                run(command="bash benchmarks/gpu_session.sh kernels24")      # 64 x 64 host tiles below 8K; the grid
 #                run(command="bash benchmarks/gpu_session.sh kernels25")      # v6 again: float32 partial O, small resume
+#                run(command="bash benchmarks/gpu_session.sh kernels26")      # v6 default from 16K; the grid
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -738,6 +739,14 @@ kernels25)  # issue 12: v6 back, its partial O in float32 and its second launch 
   timeout 100 python3 benchmarks/flash_attention_split_study.py --seq-lens 1024 8192 --settings 1 \
     --out "$OUT/flash_attention_split_study2_h200.json" > "$OUT/flash_attention_split_study2_h200.txt" 2>&1
   echo "study2 rc=$?"; grep -E "default|v6 |cudnn" "$OUT/flash_attention_split_study2_h200.txt" | cut -c1-110 ;;
+kernels26)  # issue 12: v6 the default at d=128 causal from SPLIT_MIN_N (16K) queries and keys (kernels25): the compiled
+  # tests of the forward's defaults and of v6 in 6 shards, then the recorded grid again (~5 min)
+  K26="split_min_n or split_causal or resumes or host_desc or never_replays or (training_default and 4096)"
+  K26="$K26 or (gpu_tolerance_rule and not backward and (v2 or v6)) or lse_matches_float64 or causal_order"
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "$K26" 2>/dev/null | run_shards kernel_tests_kernels26 6 150
+  flash_grid
+  grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

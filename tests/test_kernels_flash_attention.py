@@ -161,6 +161,12 @@ def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured():
     n = fa.HOST_DESC_MIN_N
     assert fa.fwd_plan(128, torch.bfloat16, True, n, n, interpreted=False) == ("v2", 1)
     assert fa.fwd_plan(128, torch.float16, True, 2 * n, 2 * n, interpreted=False) == ("v2", 1)
+    long = fa.SPLIT_MIN_N  # from there the two-launch v6, on the same grid
+    assert fa.fwd_plan(128, torch.bfloat16, True, long, long, interpreted=False) == ("v6", 1)
+    assert fa.fwd_plan(128, torch.bfloat16, True, long, 2 * long, interpreted=False) == ("v6", 1)
+    for d, nq, nk in ((128, long - 128, long), (128, long, long + 64), (64, long, long)):
+        assert fa.fwd_plan(d, torch.bfloat16, True, nq, nk, interpreted=False)[0] != "v6"
+    assert fa.fwd_plan(128, torch.bfloat16, False, long, long, interpreted=False)[0] == "v5"
     assert fa.host_descriptors_pay("v2", 128, True, n, n)
     for d, causal, nq, nk in ((128, True, n // 2, n // 2), (128, True, n - 64, n), (128, True, n, n + 64),
                               (64, True, n, n), (128, True, 128, 2 * n)):
@@ -744,6 +750,29 @@ def test_flash_attention_gpu_training_default_path(causal, n, d):
     assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
     if causal and d == 128 and n >= fa.HOST_DESC_MIN_N:
         assert fa.last_forward_impl == "v2"
+
+
+@pytest.mark.gpu
+def test_flash_attention_default_causal_from_split_min_n_runs_v6_gpu():
+    """D=128 causal from SPLIT_MIN_N queries and keys: the default is the two-launch v6, twice (the second call
+    replays its plan with a new partial-O buffer), each within the tolerance rule against float64."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from minillm.kernels import flash_attention as fa
+
+    n = fa.SPLIT_MIN_N
+    keep = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril()
+    for seed in (41, 42):
+        q, k, v = make(1, 2, 1, n, n, 128, torch.bfloat16, seed=seed)
+        out = flash_attention(q, k, v, causal=True)
+        assert fa.last_forward_impl == "v6"
+        kk, vv = k.expand(-1, 2, -1, -1), v.expand(-1, 2, -1, -1)
+        s = ((q.double() @ kk.double().transpose(-1, -2)) * 128 ** -0.5).masked_fill(~keep, float("-inf"))
+        gold = torch.softmax(s, dim=-1) @ vv.double()
+        del s
+        with sdpa_kernel(SDPBackend.MATH):
+            math_out = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True)
+        assert (out.double() - gold).abs().max().item() <= 2 * (math_out.double() - gold).abs().max().item() + 1e-5
 
 
 @pytest.mark.gpu

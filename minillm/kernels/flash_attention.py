@@ -434,7 +434,8 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
     through pointers, Triton 3.6 drops that store under warp specialization
     (results/forward_repeats_lse_h200.json, ws_lse_h200.json). D<=64 non-causal past N=1K: v2, TMA.
     D=128 causal from HOST_DESC_MIN_N queries and keys (multiples of 128): v2 with host descriptors
-    (``host_descriptors_pay``). Everything else: v1. fp32 and the interpreter: v1.
+    (``host_descriptors_pay``), and from SPLIT_MIN_N the two-launch v6. Everything else: v1. fp32 and the
+    interpreter: v1.
     """
     if interpreted or dtype == torch.float32 or D > 128:
         return "v1", 1
@@ -442,6 +443,9 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
         return "v5", 1
     if D <= 64 and not causal and nk > 1024:
         return "v2", 1
+    if (D == 128 and causal and min(nq, nk) >= SPLIT_MIN_N and nq % 128 == 0 and nk % 128 == 0
+            and WS_LSE_STORE == 2):
+        return "v6", 1
     if host_descriptors_pay("v2", D, causal, nq, nk):
         return "v2", 1
     return "v1", 1
@@ -491,9 +495,17 @@ FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6")  # v1 pointers; v2 TMA; v3 TMA 
 WS_IMPLS = ("v3", "v5", "v6")  # the warp-specialized versions
 SPLIT_IMPLS = {"v6": "v3"}  # the two-launch causal version, and what it is non-causal
 NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specialization cannot
+# Where fwd_plan gives v6 (D=128, causal, both lengths multiples of 128): from this many queries and keys. Side by
+# side from CUDA graphs (results/flash_attention_split_study_h200.json) v6 took 17.0 ms at 16K against 18.1 for
+# the default before it (v2 with host descriptors), tied at 8K and lost at 4K, where its first launch alone took
+# as long as the whole default call.
+SPLIT_MIN_N = 16384
 # v6's second launch: (BLOCK_M, BLOCK_N, num_warps, num_stages). Its query tiles must divide the first launch's.
+# The fastest of six settings at 4K and, within 1%, at 16K (results/flash_attention_split_study_h200.json): four
+# warps on 64 x 64 tiles read the diagonal at close to HBM speed, where 128 x 128 with 8 warps spilled.
 RESUME_CONFIG = (64, 64, 4, 2)
-# v6's first launch writes O in float32 to a scratch buffer (True) or in O's own dtype into O (False): rounded
+# v6's first launch writes O in float32 to a scratch buffer (True; twice O's bytes at 16 bits, for the call) or in
+# O's own dtype into O (False; 3% faster at 16K): rounded
 # to bf16 there, the partial O put v6 outside the tolerance rule at 1024 queries over 3072 keys
 # (results/kernel_tests_kernels22.txt)
 SPLIT_PARTIAL_FP32 = True
@@ -610,7 +622,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
                     CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
-                    SPLIT_PARTIAL_FP32)
+                    SPLIT_PARTIAL_FP32, SPLIT_MIN_N)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
