@@ -397,7 +397,8 @@ def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", ca
     N=1K and 4K; results/flash_attention_tune_h200.json): 64x64 tiles win up to N=1K and for causal
     D=64, where more, smaller programs fill the SMs; the TMA versions hold fewer registers and take
     128x128 tiles, except the persistent v4, for which 128x128 ran out of shared memory, and v2 at D=128
-    causal from HOST_DESC_MIN_N to HOST_DESC_SMALL_TILES_BELOW keys (with host descriptors), 64x64. Warp
+    causal from HOST_DESC_MIN_N to HOST_DESC_SMALL_TILES_BELOW keys, 64x64 (measured with host descriptors, as
+    the default runs it there; an explicit v2 with in-kernel descriptors gets them too). Warp
     specialization is only correct with the tiles it was checked with: with (128, 64, 4 warps,
     3 stages) it returned NaNs. fp32 tiles are twice the bytes, so they keep
     smaller pipelines that fit in shared memory (and only v1 was measured in fp32).
@@ -453,14 +454,15 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 
 # Where the forward makes its TMA descriptors on the host by default (TMA_HOST_DESCRIPTORS aside): v2 at D=128,
 # causal, from HOST_DESC_MIN_N queries and keys (measured with Nq = Nk only: a short query block over a long cache
-# keeps v1), the 128 x 128 tiles dividing both lengths. There, on the H200, host
+# keeps v1), both lengths multiples of 128. There, on the H200 and with 128 x 128 tiles, host
 # descriptors made v2 6% faster and put it 3% ahead of v1 (results/flash_attention_tune_hostdesc128_h200.json);
 # with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1.
 HOST_DESC_MIN_N = 4096
 # ... and its tiles there: 64 x 64 (4 warps, 3 stages) below this many keys, 128 x 128 (8 warps) from it. Side by
-# side in one process, 64 x 64 ran 1.6 / 4.1% faster from CUDA graphs and 2.9% eagerly at 4K, tied at 8K (-0.3 to
-# +1.1%) and lost up to 12% at 16K (results/flash_attention_hostdesc_tiles_h200.json; 4K and 16K first in
-# results/flash_attention_tune_hostdesc_tiles_h200.json).
+# side in one process, 64 x 64 ran 1.6 / 4.1% faster from CUDA graphs and 2.9% eagerly at 4K, tied at 8K (-0.2 to
+# +1.1%), and at 16K tied from graphs (-0.3 / +0.4%) but lost 11.8% eagerly
+# (results/flash_attention_hostdesc_tiles_h200.json; 4K and 16K first in _tune_hostdesc_tiles_h200.json).
+# (_blocks gives v2 these tiles there with descriptors built in the kernel too, which was not measured.)
 HOST_DESC_SMALL_TILES_BELOW = 8192
 # The causal forward's order (_causal_order): heads are taken in groups of about this many programs (whole heads,
 # at least one), each group heaviest tile first. A group that spans the grid would order it globally, but then
