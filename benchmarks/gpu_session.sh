@@ -100,6 +100,16 @@ run_shards() {
   grep -h -E "^(FAILED|ERROR)" "$T".*.txt | cut -c1-300 | head -20
   cat "$T".*.txt > "$OUT/$name.txt"
 }
+# flash_shards NAME SHARDS TIMEOUT EXPR: the flash tests matching EXPR, through run_shards
+flash_shards() {
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$4" 2>/dev/null \
+    | run_shards "$1" "$2" "$3"
+}
+# grid_and_causal: flash_grid, then its causal forward rows of minillm and cuDNN
+grid_and_causal() {
+  flash_grid
+  grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90
+}
 case "${1:-validate}" in
 validate)  # leg 2 (interpreter vs compiled), the tile sweep, leg 3 (compiled kernels vs references)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/np .whl/numpy-*.whl >/dev/null 2>&1
@@ -723,16 +733,13 @@ kernels24)  # issue 12: v2 with host descriptors on 64 x 64 tiles below HOST_DES
   # compiled tests of that path in 6 shards, then the recorded grid again (~9 min)
   K24="host_desc or never_replays or (training_default and 4096) or (gpu_tolerance_rule and not backward and v2)"
   K24="$K24 or causal_order or lse_matches_float64"
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
-    -k "$K24" 2>/dev/null | run_shards kernel_tests_kernels24 6 110
-  flash_grid
-  grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
+  flash_shards kernel_tests_kernels24 6 110 "$K24"
+  grid_and_causal ;;
 kernels25)  # issue 12: v6 back, its partial O in float32 and its second launch on smaller tiles: the compiled tests of
   # v6 in 6 shards, then where its time goes (flash_attention_split_study.py: both launches apart, six settings of
   # the second, beside the default, cuDNN and FA2) at causal d=128 4K and 16K, then 1K and 8K with the first setting
   K25="split_causal or (gpu_tolerance_rule and not backward and v6) or (lse_matches_float64 and v6) or resumes"
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
-    -k "$K25" 2>/dev/null | run_shards kernel_tests_kernels25 6 120
+  flash_shards kernel_tests_kernels25 6 120 "$K25"
   timeout 230 python3 benchmarks/flash_attention_split_study.py --seq-lens 4096 16384 \
     --out "$OUT/flash_attention_split_study_h200.json" > "$OUT/flash_attention_split_study_h200.txt" 2>&1
   echo "study rc=$?"; grep -E "default|v6 |cudnn" "$OUT/flash_attention_split_study_h200.txt" | cut -c1-110
@@ -743,10 +750,8 @@ kernels26)  # issue 12: v6 the default at d=128 causal from SPLIT_MIN_N (16K) qu
   # tests of the forward's defaults and of v6 in 6 shards, then the recorded grid again (~5 min)
   K26="split_min_n or split_causal or resumes or host_desc or never_replays or (training_default and 4096)"
   K26="$K26 or (gpu_tolerance_rule and not backward and (v2 or v6)) or lse_matches_float64 or causal_order"
-  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
-    -k "$K26" 2>/dev/null | run_shards kernel_tests_kernels26 6 150
-  flash_grid
-  grep -E "^fwd +(64|128) .*True +(minillm|sdpa_cudnn)" "$TX" | cut -c1-90 ;;
+  flash_shards kernel_tests_kernels26 6 150 "$K26"
+  grid_and_causal ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
