@@ -56,6 +56,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels24")      # 64 x 64 host tiles below 8K; the grid
 #                run(command="bash benchmarks/gpu_session.sh kernels25")      # v6 again: float32 partial O, small resume
 #                run(command="bash benchmarks/gpu_session.sh kernels26")      # v6 default from 16K; the grid
+#                run(command="bash benchmarks/gpu_session.sh kernels27")      # v6 tests' shared reference; study fix
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -752,6 +753,12 @@ kernels26)  # issue 12: v6 the default at d=128 causal from SPLIT_MIN_N (16K) qu
   K26="$K26 or (gpu_tolerance_rule and not backward and (v2 or v6)) or lse_matches_float64 or causal_order"
   flash_shards kernel_tests_kernels26 6 150 "$K26"
   grid_and_causal ;;
+kernels27)  # issue 12, after reading the change: the two v6 GPU tests on their shared float64 reference (causal_gold),
+  # and the split study's default row now records what the default ran (~2 min)
+  flash_shards kernel_tests_kernels27 4 150 "split_causal or split_min_n"
+  timeout 100 python3 benchmarks/flash_attention_split_study.py --seq-lens 1024 16384 --settings 1 \
+    --out "$OUT/flash_attention_split_study_check_h200.json" > "$OUT/flash_attention_split_study_check_h200.txt" 2>&1
+  echo "study rc=$?"; python3 -c "import json; print([(r['N'], r['ran']) for r in json.load(open('$OUT/flash_attention_split_study_check_h200.json'))['rows'] if r['provider'] == 'default'])" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
