@@ -60,7 +60,7 @@ def candidates(impl: str, d: int, only=None):
         return [(c, 1) for c in CONFIGS.get(d, [])]
     if impl == "v2":
         return [(c, 1) for c in TMA_CONFIGS.get(d, [])]
-    if impl in ("v3", "v6"):
+    if impl in ("v3", "v6", "v9"):
         return [(c, 1) for c in WS_CONFIGS.get(d, [])]
     base = TMA_CONFIGS if impl == "v4" else WS_CONFIGS
     return [(c, p) for c in base.get(d, [])[:3] for p in (1, 2)]
@@ -92,14 +92,25 @@ def main(argv=None):
     ap.add_argument("--cudagraph", action="store_true",
                     help="time every provider by CUDA-graph replays (no host launch cost in any time)")
     ap.add_argument("--repeats", type=int, default=10, help="fresh-input rechecks of each warp-specialized config")
+    ap.add_argument("--fa-set", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="set constants of minillm.kernels.flash_attention first (a Python literal each; recorded)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_tune.py needs a CUDA GPU")
+    import ast
+
+    fa_set = {}
+    for item in args.fa_set:
+        name, _, value = item.partition("=")
+        if not hasattr(fa, name):
+            sys.exit(f"--fa-set: minillm.kernels.flash_attention has no {name}")
+        fa_set[name] = ast.literal_eval(value)
+        setattr(fa, name, fa_set[name])
     B, H = 4, 32
     timer = median_ms_cudagraph if args.cudagraph else median_ms
     meta = run_meta(dtype="bfloat16", B=B, H=H, timing=("triton.testing.do_bench_cudagraph" if args.cudagraph
                                                         else "triton.testing.do_bench") + ", return_mode=median",
-                    flops="4*B*H*N^2*D (x0.5 causal)")
+                    flops="4*B*H*N^2*D (x0.5 causal)", fa_set=fa_set)
     rows = []
 
     def save(row):
@@ -110,8 +121,8 @@ def main(argv=None):
           f"{'p/SM':>4s} {'TFLOP/s':>8s} {'regs':>5s} {'spills':>6s} {'smem KiB':>8s}  check", flush=True)
     host_default = fa.TMA_HOST_DESCRIPTORS
 
-    def hosts(impl):  # v1 has no descriptors; v6 warp-specializes, which needs them built in the kernel
-        return [0] if impl == "v1" or impl in fa.SPLIT_IMPLS else args.host_desc
+    def hosts(impl):  # v1 has no descriptors; v6, v9, v10 warp-specialize, which needs them built in the kernel
+        return [0] if impl == "v1" or impl in fa.SPLIT_IMPLS or impl in fa.ONE_LOOP_IMPLS else args.host_desc
     for d in args.head_dims:
         for causal in (c == "True" for c in args.causal):
             for n in args.seq_lens:

@@ -57,6 +57,9 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels25")      # v6 again: float32 partial O, small resume
 #                run(command="bash benchmarks/gpu_session.sh kernels26")      # v6 default from 16K; the grid
 #                run(command="bash benchmarks/gpu_session.sh kernels27")      # v6 tests' shared reference; study fix
+#                run(command="bash benchmarks/gpu_session.sh kernels28")      # causal forward: one masked WS loop (v9/v10)
+#                run(command="bash benchmarks/gpu_session.sh kernels29")      #   v9/v10 masking past the diagonal only;
+#                                                                               #   v2 host descriptors at 1K-2K
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -759,6 +762,33 @@ kernels27)  # issue 12, after reading the change: the two v6 GPU tests on their 
   timeout 100 python3 benchmarks/flash_attention_split_study.py --seq-lens 1024 16384 --settings 1 \
     --out "$OUT/flash_attention_split_study_check_h200.json" > "$OUT/flash_attention_split_study_check_h200.txt" 2>&1
   echo "study rc=$?"; python3 -c "import json; print([(r['N'], r['ran']) for r in json.load(open('$OUT/flash_attention_split_study_check_h200.json'))['rows'] if r['provider'] == 'default'])" ;;
+kernels28)  # issue 12: v9 / v10, the causal forward warp-specialized in one launch, every key tile in one masked loop
+  # (mask built in the loop): their compiled tests in 6 shards, then the causal d=128 tune beside the default's
+  # versions, cuDNN and FA2, every provider from CUDA graphs, each warp-specialized config rechecked on 5 fresh inputs
+  K28="(split_causal or impls_match_reference or gpu_tolerance_rule or lse_matches_float64) and (v9 or v10)"
+  flash_shards kernel_tests_kernels28 6 150 "$K28"
+  timeout 300 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True \
+    --seq-lens 1024 2048 4096 8192 16384 --impls v1 v2 v6 v9 v10 --host-desc 1 --cudagraph --repeats 5 \
+    --only v1:64,64,4,3 v1:128,64,8,3 v2:128,128,8,3 v2:64,64,4,3 v6:128,128,4,2 v9:128,128,4,2 v9:128,128,8,2 \
+    v10:128,128,4,2x1 v10:128,128,4,2x2 --out "$OUT/flash_attention_tune_oneloop_h200.json" \
+    > "$OUT/flash_attention_tune_oneloop_h200.txt" 2>&1
+  echo "tune rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_oneloop_h200.txt" | cut -c1-400 ;;
+kernels29)  # issue 12: v9 / v10 with the mask behind a branch (only tiles past the diagonal: ONE_LOOP_BRANCH): their
+  # fresh-input tests, then the causal d=128 tune from CUDA graphs beside v2 with host descriptors and v6; then v2 with
+  # host descriptors (64 x 64) against v1 at 1K-4K, eagerly (kernels28 had it 5-6% ahead of v1 at 1K-2K from graphs)
+  flash_shards kernel_tests_kernels29 5 150 "split_causal and (v9 or v10) and True"
+  timeout 200 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True \
+    --seq-lens 2048 4096 8192 16384 --impls v2 v6 v9 v10 --host-desc 1 --cudagraph --repeats 5 \
+    --fa-set ONE_LOOP_BRANCH=True --only v2:128,128,8,3 v2:64,64,4,3 v6:128,128,4,2 v9:128,128,4,2 \
+    v10:128,128,4,2x1 --out "$OUT/flash_attention_tune_oneloop_branch_h200.json" \
+    > "$OUT/flash_attention_tune_oneloop_branch_h200.txt" 2>&1
+  echo "tune rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_oneloop_branch_h200.txt" | cut -c1-400
+  for R in e1 e2; do
+    timeout 100 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 1024 2048 4096 \
+      --impls v1 v2 --host-desc 1 --only v1:64,64,4,3 v1:128,64,8,3 v2:64,64,4,3 \
+      --out "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.json" > "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.txt" 2>&1
+    echo "eager $R rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.txt" | cut -c1-300
+  done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
