@@ -60,6 +60,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels28")      # causal forward: one masked WS loop (v9/v10)
 #                run(command="bash benchmarks/gpu_session.sh kernels29")      #   v9/v10 masking past the diagonal only;
 #                                                                               #   v2 host descriptors at 1K-2K
+#                run(command="bash benchmarks/gpu_session.sh kernels30")      #   v9/v10 on host descriptors; v2 host 1K
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -789,6 +790,15 @@ kernels29)  # issue 12: v9 / v10 with the mask behind a branch (only tiles past 
       --out "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.json" > "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.txt" 2>&1
     echo "eager $R rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.txt" | cut -c1-300
   done ;;
+kernels30)  # issue 12: v9 / v10 with their descriptors made on the host (TMA_HOST_DESCRIPTORS), and the default's v2
+  # with host descriptors from 1K (HOST_DESC_MIN_N): the compiled tests of both, then the causal d=128 tune from CUDA graphs
+  K30="(split_causal and (v9 or v10) and True) or training_default or host_desc or never_replays or causal_order"
+  flash_shards kernel_tests_kernels30 6 150 "$K30"
+  timeout 260 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True \
+    --seq-lens 2048 4096 8192 16384 --impls v2 v6 v9 v10 --host-desc 0 1 --cudagraph --repeats 5 \
+    --only v2:128,128,8,3 v2:64,64,4,3 v6:128,128,4,2 v9:128,128,4,2 v10:128,128,4,2x1 \
+    --out "$OUT/flash_attention_tune_oneloop_host_h200.json" > "$OUT/flash_attention_tune_oneloop_host_h200.txt" 2>&1
+  echo "tune rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_oneloop_host_h200.txt" | cut -c1-500 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

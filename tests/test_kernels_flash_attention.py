@@ -118,17 +118,14 @@ def test_forward_impls_match_reference(case, dtype, impl):
         torch.testing.assert_close(lse[finite], lse1[finite], atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("branch", [False, True])
 @pytest.mark.parametrize("impl", ["v9", "v10"])
 @pytest.mark.parametrize("nq,nk,hq,hkv", [(64, 64, 2, 2), (40, 104, 4, 2), (20, 34, 2, 1), (36, 36, 2, 1)])
-def test_forward_one_loop_causal_masks_from_the_diagonal(nq, nk, hq, hkv, impl, branch, monkeypatch):
-    """v9 / v10 run the causal range in one loop: every key tile masked, or (ONE_LOOP_BRANCH) only those that reach
-    past the first row's last key. Keys past queries by an offset that is not a multiple of the tile (20 over 34:
-    14, so one tile ends exactly one key past that row's last) and ragged lengths; o and the LSE against the
-    reference and v1."""
+def test_forward_one_loop_causal_masks_from_the_diagonal(nq, nk, hq, hkv, impl):
+    """v9 / v10 run the causal range in one loop, every key tile masked by a mask built inside the loop. Keys past
+    queries by an offset that is not a multiple of the tile (20 over 34: 14) and ragged lengths; o and the LSE
+    against the reference and v1."""
     from minillm.kernels import flash_attention as fa
 
-    monkeypatch.setattr(fa, "ONE_LOOP_BRANCH", branch)
     q, k, v = make(1, hq, hkv, nq, nk, 32, torch.float32, seed=nq + nk)
     o, lse = fa._forward(q, k, v, True, 32 ** -0.5, config=(16, 16, 1, 1), impl=impl)
     assert fa.last_forward_impl == impl
@@ -170,7 +167,8 @@ def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descr
                 assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
     monkeypatch.undo()
     for need_lse in (True, False):  # causal, or a length off the 128 grid: never v5
-        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
+        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] == "v2"
+        assert fwd_plan(128, torch.bfloat16, True, 512, 512, interpreted=False, need_lse=need_lse)[0] == "v1"
         assert fwd_plan(128, torch.bfloat16, False, 1000, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
     assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
 
@@ -684,10 +682,10 @@ def causal_gold(q, k, v):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("impl,branch", [("v6", False), ("v9", False), ("v9", True), ("v10", False), ("v10", True)])
+@pytest.mark.parametrize("impl,host", [("v6", False), ("v9", False), ("v9", True), ("v10", False), ("v10", True)])
 @pytest.mark.parametrize("nq,nk,hq,hkv", [(1024, 1024, 8, 8), (4096, 4096, 8, 2), (1024, 3072, 8, 8),
                                           (1000, 1000, 8, 4)])
-def test_forward_split_causal_is_right_on_fresh_inputs(nq, nk, hq, hkv, impl, branch, monkeypatch):
+def test_forward_split_causal_is_right_on_fresh_inputs(nq, nk, hq, hkv, impl, host, monkeypatch):
     """The warp-specialized causal forwards. v6 warp-specializes the unmasked key tiles in one launch and resumes
     the diagonal from its partial O and LSE in a second (a partial O rounded to bf16 broke the tolerance rule at
     1024 queries over 3072 keys); v9 / v10 run every key tile in one masked warp-specialized loop. Warp
@@ -697,7 +695,7 @@ def test_forward_split_causal_is_right_on_fresh_inputs(nq, nk, hq, hkv, impl, br
     bottom-right causal mask) and the LSE within 1e-3 of float64's."""
     from minillm.kernels import flash_attention as fa
 
-    monkeypatch.setattr(fa, "ONE_LOOP_BRANCH", branch)  # (v9 / v10: mask every tile, or only past the diagonal)
+    monkeypatch.setattr(fa, "TMA_HOST_DESCRIPTORS", host)  # (v9 / v10: descriptors made in the kernel or on the host)
     ran = set()
     for seed in range(10):
         q, k, v = make(1, hq, hkv, nq, nk, 128, torch.bfloat16, seed=300 + seed)
@@ -774,7 +772,7 @@ def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
 def test_flash_attention_gpu_training_default_path(causal, n, d):
     """Forward and backward as training runs them (defaults, autograd): at D=128 and lengths that are
     multiples of 128, where inference runs v5, up to and past the 1K queries below which the backward
-    runs v2, at D=64 with v2's 4-warp tile, and at 4K, where the causal forward is v2 with host
+    runs v2, at D=64 with v2's 4-warp tile, and from 1K at D=128, where the causal forward is v2 with host
     descriptors: gradients within 3x (+eps) of math attention's error."""
     from minillm.kernels import flash_attention as fa
 

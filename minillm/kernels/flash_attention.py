@@ -273,18 +273,16 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offse
     MASKED 2 (v9, v10) is the whole causal range in one loop: every tile gets the causal mask, built inside
     the loop from the scalars m0 and start (a tensor made before a warp-specialized loop and read in it is
     what Triton 3.6 mishandles, see WS_LSE_STORE), and without the -inf guard: the caller guarantees
-    offset >= 0, so every row sees key 0 in the first tile and its max is finite from then on. MASKED 3: the
-    same, masking only the tiles that reach past the diagonal (a branch in the loop; ONE_LOOP_BRANCH)."""
+    offset >= 0, so every row sees key 0 in the first tile and its max is finite from then on. (Masking only
+    the tiles past the diagonal, behind a branch in the loop, fails to compile warp-specialized in Triton 3.6:
+    results/flash_attention_tune_oneloop_branch_h200.json.)"""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
         kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
         s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
-        if MASKED >= 2:
-            if MASKED == 3 and start + BLOCK_N <= m0 + offset + 1:  # below the diagonal: nothing to mask
-                s = s * qk_scale
-            else:
-                sees = m0 + offset - start + tl.arange(0, q.shape[0])  # per row: the last key it sees, from start
-                s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= sees[:, None], s * qk_scale, float("-inf"))
+        if MASKED == 2:
+            sees = m0 + offset - start + tl.arange(0, q.shape[0])  # per row: the last key it sees, from start
+            s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= sees[:, None], s * qk_scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             m_shift = m_new
             p = tl.exp2(s - m_shift[:, None])
@@ -323,8 +321,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py. ``PART`` 1 (v6):
     the unmasked key tiles only, one loop, which warp specialization compiles causal too; O and the LSE
     it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles. ``PART`` 2 (v9,
-    v10, causal only, offset >= 0): every key tile up to the diagonal in one loop, each one masked; 3: the same,
-    masking only the tiles past the diagonal."""
+    v10, causal only, offset >= 0): every key tile up to the diagonal in one loop, each one masked."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -354,7 +351,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
-    if PART >= 2:  # v9/v10: the causal range in one masked loop, which warp specialization compiles
+    if PART == 2:  # v9/v10: the causal range in one masked loop, which warp specialization compiles
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, hi, Nk, offset, qk_scale,
                                    BLOCK_N, PART, CAUSAL, IEEE, WS, m0)
     else:
@@ -475,10 +472,13 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 
 # Where the forward makes its TMA descriptors on the host by default (TMA_HOST_DESCRIPTORS aside): v2 at D=128,
 # causal, from HOST_DESC_MIN_N queries and keys (measured with Nq = Nk only: a short query block over a long cache
-# keeps v1), both lengths multiples of 128. There, on the H200 and with 128 x 128 tiles, host
+# keeps v1), both lengths multiples of 128. At 4K, on the H200 and with 128 x 128 tiles, host
 # descriptors made v2 6% faster and put it 3% ahead of v1 (results/flash_attention_tune_hostdesc128_h200.json);
-# with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1.
-HOST_DESC_MIN_N = 4096
+# with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1. At 1K and
+# 2K, on 64 x 64 tiles, v2 with host descriptors ran 5.2 / 6.0% ahead of v1 from CUDA graphs
+# (results/flash_attention_tune_oneloop_h200.json) and 5.3-6.8% eagerly in two runs
+# (results/flash_attention_tune_hostdesc_short_e1_h200.json, _e2_); below 1K it was not measured.
+HOST_DESC_MIN_N = 1024
 # ... and its tiles there: 64 x 64 (4 warps, 3 stages) below this many keys, 128 x 128 (8 warps) from it. Side by
 # side in one process, 64 x 64 ran 1.6 / 4.1% faster from CUDA graphs and 2.9% eagerly at 4K, tied at 8K (-0.2 to
 # +1.1%), and at 16K tied from graphs (-0.3 / +0.4%) but lost 11.8% eagerly
@@ -534,8 +534,6 @@ RESUME_CONFIG = (64, 64, 4, 2)
 # to bf16 there, the partial O put v6 outside the tolerance rule at 1024 queries over 3072 keys
 # (results/kernel_tests_kernels22.txt)
 SPLIT_PARTIAL_FP32 = True
-# v9/v10's one loop: mask every key tile (False) or only those past the diagonal, behind a branch in the loop (True)
-ONE_LOOP_BRANCH = False
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
 
@@ -649,7 +647,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
                     CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
-                    SPLIT_PARTIAL_FP32, SPLIT_MIN_N, ONE_LOOP_BRANCH)
+                    SPLIT_PARTIAL_FP32, SPLIT_MIN_N)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
@@ -704,7 +702,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
         descs = (None,) * 5  # (v6 warp-specializes, which Triton 3.6 does with in-kernel descriptors only)
-        if (host_desc and impl not in SPLIT_IMPLS and impl not in ONE_LOOP_IMPLS and all(t.is_contiguous() for t in (q, k, v, o))
+        if (host_desc and impl not in SPLIT_IMPLS and all(t.is_contiguous() for t in (q, k, v, o))
                 and Nq % bm == 0 and Nk % bn == 0):
             descs = (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(k, [k.shape[0] * k.shape[1] * Nk, D], [D, 1], [bn, block_d]),
@@ -714,7 +712,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
         if impl in ONE_LOOP_IMPLS:
-            more["PART"] = 3 if ONE_LOOP_BRANCH else 2
+            more["PART"] = 2
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
         if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
             fp32 = SPLIT_PARTIAL_FP32 and o.dtype != torch.float32
