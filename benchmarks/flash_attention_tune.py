@@ -60,7 +60,7 @@ def candidates(impl: str, d: int, only=None):
         return [(c, 1) for c in CONFIGS.get(d, [])]
     if impl == "v2":
         return [(c, 1) for c in TMA_CONFIGS.get(d, [])]
-    if impl in ("v3", "v6", "v9"):
+    if impl in ("v3", "v6"):
         return [(c, 1) for c in WS_CONFIGS.get(d, [])]
     base = TMA_CONFIGS if impl == "v4" else WS_CONFIGS
     return [(c, p) for c in base.get(d, [])[:3] for p in (1, 2)]

@@ -61,6 +61,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels29")      #   v9/v10 masking past the diagonal only;
 #                                                                               #   v2 host descriptors at 1K-2K
 #                run(command="bash benchmarks/gpu_session.sh kernels30")      #   v9/v10 on host descriptors; v2 host 1K
+#                run(command="bash benchmarks/gpu_session.sh kernels31")      # the grid: v2 host descriptors from 1K
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -763,7 +764,7 @@ kernels27)  # issue 12, after reading the change: the two v6 GPU tests on their 
   timeout 100 python3 benchmarks/flash_attention_split_study.py --seq-lens 1024 16384 --settings 1 \
     --out "$OUT/flash_attention_split_study_check_h200.json" > "$OUT/flash_attention_split_study_check_h200.txt" 2>&1
   echo "study rc=$?"; python3 -c "import json; print([(r['N'], r['ran']) for r in json.load(open('$OUT/flash_attention_split_study_check_h200.json'))['rows'] if r['provider'] == 'default'])" ;;
-kernels28)  # issue 12: v9 / v10, the causal forward warp-specialized in one launch, every key tile in one masked loop
+kernels28)  # (ran at commit f5415dd; v9 / v10 are reverted, so it no longer runs as written) issue 12: v9 / v10, the causal forward warp-specialized in one launch, every key tile in one masked loop
   # (mask built in the loop): their compiled tests in 6 shards, then the causal d=128 tune beside the default's
   # versions, cuDNN and FA2, every provider from CUDA graphs, each warp-specialized config rechecked on 5 fresh inputs
   K28="(split_causal or impls_match_reference or gpu_tolerance_rule or lse_matches_float64) and (v9 or v10)"
@@ -774,7 +775,7 @@ kernels28)  # issue 12: v9 / v10, the causal forward warp-specialized in one lau
     v10:128,128,4,2x1 v10:128,128,4,2x2 --out "$OUT/flash_attention_tune_oneloop_h200.json" \
     > "$OUT/flash_attention_tune_oneloop_h200.txt" 2>&1
   echo "tune rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_oneloop_h200.txt" | cut -c1-400 ;;
-kernels29)  # issue 12: v9 / v10 with the mask behind a branch (only tiles past the diagonal: ONE_LOOP_BRANCH): their
+kernels29)  # (ran at commit f5415dd; no longer runs as written) issue 12: v9 / v10 with the mask behind a branch (only tiles past the diagonal: ONE_LOOP_BRANCH): their
   # fresh-input tests, then the causal d=128 tune from CUDA graphs beside v2 with host descriptors and v6; then v2 with
   # host descriptors (64 x 64) against v1 at 1K-4K, eagerly (kernels28 had it 5-6% ahead of v1 at 1K-2K from graphs)
   flash_shards kernel_tests_kernels29 5 150 "split_causal and (v9 or v10) and True"
@@ -790,7 +791,7 @@ kernels29)  # issue 12: v9 / v10 with the mask behind a branch (only tiles past 
       --out "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.json" > "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.txt" 2>&1
     echo "eager $R rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_hostdesc_short_${R}_h200.txt" | cut -c1-300
   done ;;
-kernels30)  # issue 12: v9 / v10 with their descriptors made on the host (TMA_HOST_DESCRIPTORS), and the default's v2
+kernels30)  # (ran at commit 3b2418e; no longer runs as written) issue 12: v9 / v10 with their descriptors made on the host (TMA_HOST_DESCRIPTORS), and the default's v2
   # with host descriptors from 1K (HOST_DESC_MIN_N): the compiled tests of both, then the causal d=128 tune from CUDA graphs
   K30="(split_causal and (v9 or v10) and True) or training_default or host_desc or never_replays or causal_order"
   flash_shards kernel_tests_kernels30 6 150 "$K30"
@@ -799,6 +800,9 @@ kernels30)  # issue 12: v9 / v10 with their descriptors made on the host (TMA_HO
     --only v2:128,128,8,3 v2:64,64,4,3 v6:128,128,4,2 v9:128,128,4,2 v10:128,128,4,2x1 \
     --out "$OUT/flash_attention_tune_oneloop_host_h200.json" > "$OUT/flash_attention_tune_oneloop_host_h200.txt" 2>&1
   echo "tune rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_oneloop_host_h200.txt" | cut -c1-500 ;;
+kernels31)  # issue 12: the recorded grid with v2 with host descriptors the d=128 causal default from 1K (HOST_DESC_MIN_N;
+  # its compiled tests passed in kernels30), after v9 / v10 were reverted (~7 min)
+  grid_and_causal ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

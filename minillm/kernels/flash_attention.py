@@ -253,6 +253,9 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 #   3.6 failed to compile the causal kernel's two loops specialized (as triton#9728 reports) and,
 #   with the loops merged into one masked loop, returned NaNs on the H200; with 8 warps both forms
 #   were right but slower than v1 (results/flash_attention_tune_h200.json, _causal_ws_h200.json).
+#   One masked loop with its mask built inside the loop from scalars (v9 / v10, since reverted) was
+#   right with 4 warps, but 3-7% slower than v2 with host descriptors at 4K-8K; masking behind a branch,
+#   or with host descriptors, it failed to compile (results/flash_attention_tune_oneloop*_h200.json).
 #   So a causal call of v3 / v5 runs v2 / v4.
 # * v4: v2 with a persistent grid: one program per SM (times the occupancy) loops over the tiles,
 #   heaviest first when causal, so no SM idles in a last partial wave.
@@ -266,27 +269,14 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 
 @triton.jit
 def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr, m0=0):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
     """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros); ``kv_row`` is
-    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors).
-
-    MASKED 2 (v9, v10) is the whole causal range in one loop: every tile gets the causal mask, built inside
-    the loop from the scalars m0 and start (a tensor made before a warp-specialized loop and read in it is
-    what Triton 3.6 mishandles, see WS_LSE_STORE), and without the -inf guard: the caller guarantees
-    offset >= 0, so every row sees key 0 in the first tile and its max is finite from then on. (Masking only
-    the tiles past the diagonal, behind a branch in the loop, fails to compile warp-specialized in Triton 3.6:
-    results/flash_attention_tune_oneloop_branch_h200.json.)"""
+    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors)."""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
         kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
         s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
-        if MASKED == 2:
-            sees = m0 + offset - start + tl.arange(0, q.shape[0])  # per row: the last key it sees, from start
-            s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= sees[:, None], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            m_shift = m_new
-            p = tl.exp2(s - m_shift[:, None])
-        elif MASKED:
+        if MASKED:
             cols = start + tl.arange(0, BLOCK_N)
             valid = cols[None, :] < Nk
             if CAUSAL:
@@ -320,8 +310,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     offsets recomputed after it, 2 through a 1-D tensor descriptor, the only one of the three that warp
     specialization keeps (see WS_LSE_STORE); 0 and 1 stay for benchmarks/check_ws_lse.py. ``PART`` 1 (v6):
     the unmasked key tiles only, one loop, which warp specialization compiles causal too; O and the LSE
-    it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles. ``PART`` 2 (v9,
-    v10, causal only, offset >= 0): every key tile up to the diagonal in one loop, each one masked."""
+    it stores are those of the keys seen so far, and _fwd_resume_kernel adds the masked tiles."""
     b = (bh // H).to(tl.int64)
     h = bh % H
     hk = h // GROUP
@@ -351,12 +340,8 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
-    if PART == 2:  # v9/v10: the causal range in one masked loop, which warp specialization compiles
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, hi, Nk, offset, qk_scale,
-                                   BLOCK_N, PART, CAUSAL, IEEE, WS, m0)
-    else:
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
-                                   BLOCK_N, False, CAUSAL, IEEE, WS)
+    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
+                               BLOCK_N, False, CAUSAL, IEEE, WS)
     if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
                                    BLOCK_N, True, CAUSAL, IEEE, False)
@@ -513,13 +498,11 @@ WS_LSE_STORE = 2
 # every TMA call; False (the default) makes them only where host_descriptors_pay grants them. Calls with host
 # descriptors make them anew each time (no plans: a plan would keep the old tensors' addresses).
 TMA_HOST_DESCRIPTORS = False
-FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6", "v9", "v10")  # v1 pointers; v2 TMA; v3 TMA + warp
-# specialization; v4/v5 persistent; v6: v3 in two launches when causal; v9/v10: v3/v5 with the causal range in one
-# masked loop (v7 and v8 were reverted: see chapter 6)
-WS_IMPLS = ("v3", "v5", "v6", "v9", "v10")  # the warp-specialized versions
+FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6")  # v1 pointers; v2 TMA; v3 TMA + warp specialization;
+# v4/v5 persistent; v6: v3 in two launches when causal
+WS_IMPLS = ("v3", "v5", "v6")  # the warp-specialized versions
 SPLIT_IMPLS = {"v6": "v3"}  # the two-launch causal version, and what it is non-causal
-ONE_LOOP_IMPLS = {"v9": "v3", "v10": "v5"}  # the one-masked-loop causal versions, and what they are non-causal
-NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2", "v9": "v2", "v10": "v4"}  # what runs when warp specialization cannot
+NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specialization cannot
 # Where fwd_plan gives v6 (D=128, causal, both lengths multiples of 128): from this many queries and keys. Side by
 # side from CUDA graphs (results/flash_attention_split_study_h200.json) v6 took 17.0 ms at 16K against 18.1 for
 # the default before it (v2 with host descriptors), tied at 8K and lost at 4K, where its first launch alone took
@@ -674,8 +657,6 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         impl = "v1"
     if not causal and impl in SPLIT_IMPLS:  # nothing to split: v6 is v3
         impl = SPLIT_IMPLS[impl]
-    if impl in ONE_LOOP_IMPLS:  # non-causal they are v3 / v5; causal only where every row sees key 0 (Nk >= Nq),
-        impl = ONE_LOOP_IMPLS[impl] if not causal else NO_WS[impl] if Nk < Nq else impl  # which drops the -inf guard
     if causal and impl in ("v3", "v5"):  # causal warp specialization in one launch: wrong results or no compile
         impl = NO_WS[impl]
     asked = lse_store is not None
@@ -698,7 +679,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                         Hq // k.shape[1], group_heads, *args, PAD_D=block_d != D, **common)
         if not INTERPRETED:
             _ensure_allocator()
-        persistent = impl in ("v4", "v5", "v10")
+        persistent = impl in ("v4", "v5")
         tiles = n_m * B * Hq
         grid = (min(tiles, _num_sms(q.device) * (programs_per_sm or 1)),) if persistent else (n_m, B * Hq)
         descs = (None,) * 5  # (v6 warp-specializes, which Triton 3.6 does with in-kernel descriptors only)
@@ -711,8 +692,6 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
-        if impl in ONE_LOOP_IMPLS:
-            more["PART"] = 2
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
         if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
             fp32 = SPLIT_PARTIAL_FP32 and o.dtype != torch.float32
