@@ -62,6 +62,7 @@
 #                                                                               #   v2 host descriptors at 1K-2K
 #                run(command="bash benchmarks/gpu_session.sh kernels30")      #   v9/v10 on host descriptors; v2 host 1K
 #                run(command="bash benchmarks/gpu_session.sh kernels31")      # the grid: v2 host descriptors from 1K
+#                run(command="bash benchmarks/gpu_session.sh kernels32")      # forward / cuDNN ratios in 5 rounds
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -803,6 +804,11 @@ kernels30)  # (ran at commit 3b2418e; no longer runs as written) issue 12: v9 / 
 kernels31)  # issue 12: the recorded grid with v2 with host descriptors the d=128 causal default from 1K (HOST_DESC_MIN_N;
   # its compiled tests passed in kernels30), after v9 / v10 were reverted (~7 min)
   grid_and_causal ;;
+kernels32)  # issue 12: the forward's ratio to cuDNN at the target points in 5 interleaved rounds, eager and from CUDA
+  # graphs (cuDNN's own time at d=128 causal 4K moved 10% between grid runs while minillm's stayed within 1%)
+  timeout 480 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 \
+    --out "$OUT/flash_attention_ratio_study_h200.json" > "$OUT/flash_attention_ratio_study_h200.txt" 2>&1
+  echo "study rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_ratio_study_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
