@@ -63,6 +63,8 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels30")      #   v9/v10 on host descriptors; v2 host 1K
 #                run(command="bash benchmarks/gpu_session.sh kernels31")      # the grid: v2 host descriptors from 1K
 #                run(command="bash benchmarks/gpu_session.sh kernels32")      # forward / cuDNN ratios in 5 rounds
+#                run(command="bash benchmarks/gpu_session.sh kernels33")      # causal order's group size, v2 host
+#                run(command="bash benchmarks/gpu_session.sh kernels34")      #   group size 256 against 512 elsewhere
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -809,6 +811,31 @@ kernels32)  # issue 12: the forward's ratio to cuDNN at the target points in 5 i
   timeout 480 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 \
     --out "$OUT/flash_attention_ratio_study_h200.json" > "$OUT/flash_attention_ratio_study_h200.txt" 2>&1
   echo "study rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_ratio_study_h200.txt" ;;
+kernels33)  # issue 12: the causal order's group size (CAUSAL_GROUP_PROGRAMS, chosen with 128-row tiles) for the default
+  # causal d=128 path, v2 with host descriptors (64 x 64 tiles below 8K, 128 x 128 from 8K), 1K-8K from CUDA graphs:
+  # one process per size, the sizes in two passes (the second in reverse order)
+  for P in 1 2; do
+    GS="128 256 512 1024 2048 1000000"; [ $P = 2 ] && GS="1000000 2048 1024 512 256 128"
+    for G in $GS; do
+      timeout 60 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 1024 2048 4096 8192 \
+        --impls v2 --host-desc 1 --cudagraph --only v2:64,64,4,3 v2:128,128,8,3 --fa-set CAUSAL_GROUP_PROGRAMS=$G \
+        --out "$OUT/flash_attention_tune_group_g${G}_p${P}_h200.json" > "$OUT/flash_attention_tune_group_g${G}_p${P}_h200.txt" 2>&1
+      echo "G=$G pass $P rc=$?"; sed -n '/best per point/,$p' "$OUT/flash_attention_tune_group_g${G}_p${P}_h200.txt" | cut -c1-200
+    done
+  done ;;
+kernels34)  # issue 12: CAUSAL_GROUP_PROGRAMS 256 against 512 (kernels33: +6% for v2 with host descriptors at d=128 causal 1K,
+  # a tie from 2K to 8K) at the other causal defaults it orders: v1 (64 x 64) at d=64 1K-16K, v6 at d=128 16K, and the
+  # d=128 1K point again; two passes, every provider from CUDA graphs
+  for P in 1 2; do
+    GS="256 512"; [ $P = 2 ] && GS="512 256"
+    for G in $GS; do
+      timeout 100 python3 benchmarks/flash_attention_tune.py --head-dims 64 128 --causal True \
+        --seq-lens 1024 4096 16384 --impls v1 v2 v6 --host-desc 1 --cudagraph --repeats 1 \
+        --only v1:64,64,4,3 v2:64,64,4,3 v6:128,128,4,2 --fa-set CAUSAL_GROUP_PROGRAMS=$G \
+        --out "$OUT/flash_attention_tune_group2_g${G}_p${P}_h200.json" > "$OUT/g2_${G}_${P}.txt" 2>&1
+      echo "G=$G pass $P rc=$?"; sed -n '/best per point/,$p' "$OUT/g2_${G}_${P}.txt" | cut -c1-200
+    done
+  done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
