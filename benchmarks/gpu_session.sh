@@ -65,6 +65,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels32")      # forward / cuDNN ratios in 5 rounds
 #                run(command="bash benchmarks/gpu_session.sh kernels33")      # causal order's group size, v2 host
 #                run(command="bash benchmarks/gpu_session.sh kernels34")      #   group size 256 against 512 elsewhere
+#                run(command="bash benchmarks/gpu_session.sh kernels35")      #   v2 host: narrower key tiles, 1K-8K
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -835,6 +836,15 @@ kernels34)  # issue 12: CAUSAL_GROUP_PROGRAMS 256 against 512 (kernels33: +6% fo
         --out "$OUT/flash_attention_tune_group2_g${G}_p${P}_h200.json" > "$OUT/g2_${G}_${P}.txt" 2>&1
       echo "G=$G pass $P rc=$?"; sed -n '/best per point/,$p' "$OUT/g2_${G}_${P}.txt" | cut -c1-200
     done
+  done ;;
+kernels35)  # issue 12: v2 with host descriptors on tiles not swept before (64-query tiles over 32 keys, which need less
+  # shared memory, so three programs may share an SM; 64 x 64 with 2 stages), beside the default's tiles, causal d=128
+  # 1K-8K, every provider from CUDA graphs, two passes (one file each)
+  for P in 1 2; do
+    timeout 150 python3 benchmarks/flash_attention_tune.py --head-dims 128 --causal True --seq-lens 1024 2048 4096 8192 \
+      --impls v2 --host-desc 1 --cudagraph --only v2:64,64,4,3 v2:128,128,8,3 v2:64,32,4,3 v2:64,32,4,4 v2:64,64,4,2 \
+      v2:64,32,4,2 --out "$OUT/flash_attention_tune_hostdesc_narrow_p${P}_h200.json" > "$OUT/narrow_p${P}.txt" 2>&1
+    echo "pass $P rc=$?"; grep -E "^ 128 " "$OUT/narrow_p${P}.txt" | cut -c1-110
   done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
