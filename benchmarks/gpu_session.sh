@@ -66,6 +66,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels33")      # causal order's group size, v2 host
 #                run(command="bash benchmarks/gpu_session.sh kernels34")      #   group size 256 against 512 elsewhere
 #                run(command="bash benchmarks/gpu_session.sh kernels35")      #   v2 host: narrower key tiles, 1K-8K
+#                run(command="bash benchmarks/gpu_session.sh kernels36")      #   every light flash test, final code
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -846,6 +847,9 @@ kernels35)  # issue 12: v2 with host descriptors on tiles not swept before (64-q
       v2:64,32,4,2 --out "$OUT/flash_attention_tune_hostdesc_narrow_p${P}_h200.json" > "$OUT/narrow_p${P}.txt" 2>&1
     echo "pass $P rc=$?"; grep -E "^ 128 " "$OUT/narrow_p${P}.txt" | cut -c1-110
   done ;;
+kernels36)  # issue 12, the session's last code (v9 / v10 reverted, HOST_DESC_MIN_N 1024): every flash attention test but the
+  # heavy parametrizations, compiled, in 14 shards (~5 min)
+  flash_shards kernel_tests_kernels36 14 270 "not ($HEAVY)" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
