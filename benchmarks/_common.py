@@ -58,3 +58,21 @@ def step_inputs(d: int, n: int):
     """q, k, v, dO of one training step at (D, N): bf16, B=4, H=32, seeded by D + N (the same in every script)."""
     g = torch.Generator(device="cuda").manual_seed(d + n)
     return tuple(torch.randn(4, 32, n, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+
+
+def apply_settings(module, items) -> dict:
+    """Set module constants from ``NAME=VALUE`` strings (each value a Python literal), as the scripts' --fa-set
+    does; returns {name: value} for the results' meta. An unknown name or a malformed item exits with a message."""
+    import ast
+
+    done = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not hasattr(module, name):
+            sys.exit(f"--fa-set {item!r}: expected NAME=VALUE with NAME a constant of {module.__name__}")
+        try:
+            done[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            sys.exit(f"--fa-set {item!r}: the value is not a Python literal")
+        setattr(module, name, done[name])
+    return done

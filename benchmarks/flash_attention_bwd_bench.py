@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 from minillm.kernels import launch  # noqa: E402
 
-from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
+from _common import apply_settings, median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -119,18 +119,21 @@ def main(argv=None):
     ap.add_argument("--ws-lse-store", type=int, default=None, choices=[0, 1, 2],
                     help="set flash_attention.WS_LSE_STORE (how warp-specialized forwards store the LSE)")
     ap.add_argument("--sweep-impls", nargs="+", default=["v2"], choices=list(SWEEPS))
+    ap.add_argument("--fa-set", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="set constants of minillm.kernels.flash_attention first (a Python literal each; recorded)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_bwd_bench.py needs a CUDA GPU")
     if args.ws_lse_store is not None:
         fa.WS_LSE_STORE = args.ws_lse_store
+    fa_set = apply_settings(fa, args.fa_set)
     B, H = args.batch, args.heads
     Hkv = args.kv_heads or H
     meta = run_meta(dtype="bfloat16", batch=B, heads=H, kv_heads=Hkv,
                     timing="triton.testing.do_bench, return_mode=median (ms)",
                     flops="fwd 4*B*H*N^2*D (x0.5 causal); bwd 2.5x fwd; fwd+bwd 3.5x fwd",
                     default_bwd_blocks={d: fa._bwd_blocks(d, torch.bfloat16) for d in (64, 128)},
-                    ws_lse_store=fa.WS_LSE_STORE)
+                    ws_lse_store=fa.WS_LSE_STORE, fa_set=fa_set)
     rows = []
 
     def save(row):

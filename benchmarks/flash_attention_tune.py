@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
+from _common import apply_settings, median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
 
@@ -97,15 +97,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_tune.py needs a CUDA GPU")
-    import ast
-
-    fa_set = {}
-    for item in args.fa_set:
-        name, _, value = item.partition("=")
-        if not hasattr(fa, name):
-            sys.exit(f"--fa-set: minillm.kernels.flash_attention has no {name}")
-        fa_set[name] = ast.literal_eval(value)
-        setattr(fa, name, fa_set[name])
+    fa_set = apply_settings(fa, args.fa_set)
     B, H = 4, 32
     timer = median_ms_cudagraph if args.cudagraph else median_ms
     meta = run_meta(dtype="bfloat16", B=B, H=H, timing=("triton.testing.do_bench_cudagraph" if args.cudagraph

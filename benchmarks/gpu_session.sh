@@ -67,6 +67,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels34")      #   group size 256 against 512 elsewhere
 #                run(command="bash benchmarks/gpu_session.sh kernels35")      #   v2 host: narrower key tiles, 1K-8K
 #                run(command="bash benchmarks/gpu_session.sh kernels36")      #   every light flash test, final code
+#                run(command="bash benchmarks/gpu_session.sh kernels37")      #   the N=1K training step, host threshold
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -850,6 +851,19 @@ kernels35)  # issue 12: v2 with host descriptors on tiles not swept before (64-q
 kernels36)  # issue 12, the session's last code (v9 / v10 reverted, HOST_DESC_MIN_N 1024): every flash attention test but the
   # heavy parametrizations, compiled, in 14 shards (~5 min)
   flash_shards kernel_tests_kernels36 14 270 "not ($HEAVY)" ;;
+kernels37)  # issue 12: training calls (which need the LSE) take host descriptors only from HOST_DESC_MIN_N_LSE (4K): the
+  # kernels31 grid had the eager d=128 causal N=1K forward + backward 28% slower with them from 1K. The N=1K step as
+  # kernels16 ran it (the chapter's host rule reads it), then d=128 1K/2K with the threshold at 1K and at 4K (~4 min)
+  timeout 110 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_kernels37_h200.json" > "$OUT/flash_attention_n1k_kernels37_h200.txt" 2>&1
+  echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels37_h200.txt"
+  for L in 1024 4096; do
+    timeout 70 python3 benchmarks/flash_attention_bwd_bench.py --points 128:1024 128:2048 --flex-points \
+      --providers minillm sdpa_flash --graphs --sweep --fa-set HOST_DESC_MIN_N_LSE=$L \
+      --out "$OUT/flash_attention_hostlse_${L}_h200.json" > "$OUT/flash_attention_hostlse_${L}_h200.txt" 2>&1
+    echo "threshold $L rc=$?"; grep -E "^ +128 " "$OUT/flash_attention_hostlse_${L}_h200.txt"
+  done ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -147,36 +147,46 @@ def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descr
                 assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
     monkeypatch.undo()
     for need_lse in (True, False):  # causal, or a length off the 128 grid: never v5
-        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] == "v2"
-        assert fwd_plan(128, torch.bfloat16, True, 512, 512, interpreted=False, need_lse=need_lse)[0] == "v1"
+        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] not in ("v3", "v5")
         assert fwd_plan(128, torch.bfloat16, False, 1000, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
     assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
 
 
-def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured():
-    """D=128 causal from HOST_DESC_MIN_N queries and keys, both on the 128 grid: v2 (with host descriptors, which
+@pytest.mark.parametrize("need_lse", [False, True])
+def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured(need_lse):
+    """D=128 causal from HOST_DESC_MIN_N queries and keys (HOST_DESC_MIN_N_LSE for a call that needs the LSE, a
+    training step, which is host-bound when short), both on the 128 grid: v2 (with host descriptors, which
     host_descriptors_pay grants); shorter, a short query block over a long cache, non-causal, D=64, off the grid,
     fp32 or interpreted: not."""
     from minillm.kernels import flash_attention as fa
 
-    n = fa.HOST_DESC_MIN_N
-    assert fa.fwd_plan(128, torch.bfloat16, True, n, n, interpreted=False) == ("v2", 1)
-    assert fa.fwd_plan(128, torch.float16, True, 2 * n, 2 * n, interpreted=False) == ("v2", 1)
+    def plan(d, dtype, causal, nq, nk, interpreted=False):
+        return fa.fwd_plan(d, dtype, causal, nq, nk, interpreted=interpreted, need_lse=need_lse)
+
+    def pay(impl, d, causal, nq, nk):
+        return fa.host_descriptors_pay(impl, d, causal, nq, nk, need_lse=need_lse)
+
+    n = fa.HOST_DESC_MIN_N_LSE if need_lse else fa.HOST_DESC_MIN_N
+    assert fa.HOST_DESC_MIN_N <= fa.HOST_DESC_MIN_N_LSE
+    if need_lse and fa.HOST_DESC_MIN_N <= n // 2:  # between the two: inference takes v2 there, training keeps v1
+        assert fa.fwd_plan(128, torch.bfloat16, True, n // 2, n // 2, interpreted=False, need_lse=False) == ("v2", 1)
+    assert plan(128, torch.bfloat16, True, n, n) == ("v2", 1)
+    assert plan(128, torch.float16, True, 2 * n, 2 * n) == ("v2", 1)
     long = fa.SPLIT_MIN_N  # from there the two-launch v6, on the same grid
-    assert fa.fwd_plan(128, torch.bfloat16, True, long, long, interpreted=False) == ("v6", 1)
-    assert fa.fwd_plan(128, torch.bfloat16, True, long, 2 * long, interpreted=False) == ("v6", 1)
+    assert plan(128, torch.bfloat16, True, long, long) == ("v6", 1)
+    assert plan(128, torch.bfloat16, True, long, 2 * long) == ("v6", 1)
     for d, nq, nk in ((128, long - 128, long), (128, long, long + 64), (64, long, long)):
-        assert fa.fwd_plan(d, torch.bfloat16, True, nq, nk, interpreted=False)[0] != "v6"
-    assert fa.fwd_plan(128, torch.bfloat16, False, long, long, interpreted=False)[0] == "v5"
-    assert fa.host_descriptors_pay("v2", 128, True, n, n)
+        assert plan(d, torch.bfloat16, True, nq, nk)[0] != "v6"
+    assert plan(128, torch.bfloat16, False, long, long)[0] == "v5"
+    assert pay("v2", 128, True, n, n)
     for d, causal, nq, nk in ((128, True, n // 2, n // 2), (128, True, n - 64, n), (128, True, n, n + 64),
                               (64, True, n, n), (128, True, 128, 2 * n)):
-        assert fa.fwd_plan(d, torch.bfloat16, causal, nq, nk, interpreted=False)[0] == "v1"
-        assert not fa.host_descriptors_pay("v2", d, causal, nq, nk)
-    assert fa.fwd_plan(128, torch.bfloat16, False, n, n, interpreted=False)[0] == "v5"
-    assert not fa.host_descriptors_pay("v1", 128, True, n, n)
-    assert fa.fwd_plan(128, torch.float32, True, n, n, interpreted=False)[0] == "v1"
-    assert fa.fwd_plan(128, torch.bfloat16, True, n, n, interpreted=True)[0] == "v1"
+        assert plan(d, torch.bfloat16, causal, nq, nk)[0] == "v1"
+        assert not pay("v2", d, causal, nq, nk)
+    assert plan(128, torch.bfloat16, False, n, n)[0] == "v5"
+    assert not pay("v1", 128, True, n, n)
+    assert plan(128, torch.float32, True, n, n)[0] == "v1"
+    assert plan(128, torch.bfloat16, True, n, n, interpreted=True)[0] == "v1"
 
 
 def test_blocks_v2_host_descriptor_tiles_by_length():
@@ -199,6 +209,7 @@ def test_forward_default_host_descriptors_where_they_pay(monkeypatch):
     from minillm.kernels import flash_attention as fa
 
     monkeypatch.setattr(fa, "HOST_DESC_MIN_N", 128)
+    monkeypatch.setattr(fa, "HOST_DESC_MIN_N_LSE", 128)  # (the calls below need the LSE)
     plan = fa.fwd_plan
     monkeypatch.setattr(fa, "fwd_plan", lambda *a, **kw: plan(*a, **{**kw, "interpreted": False}))
     made = []
@@ -749,14 +760,16 @@ def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
 def test_flash_attention_gpu_training_default_path(causal, n, d):
     """Forward and backward as training runs them (defaults, autograd): at D=128 and lengths that are
     multiples of 128, where inference runs v5, up to and past the 1K queries below which the backward
-    runs v2, at D=64 with v2's 4-warp tile, and from 1K at D=128, where the causal forward is v2 with host
-    descriptors: gradients within 3x (+eps) of math attention's error."""
+    runs v2, at D=64 with v2's 4-warp tile, and at 4K, where the causal forward is v2 with host descriptors
+    (HOST_DESC_MIN_N_LSE; below it v1): gradients within 3x (+eps) of math attention's error."""
     from minillm.kernels import flash_attention as fa
 
     q, k, v = make(2, 8, 8, n, n, d, torch.bfloat16, seed=23)
     assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
-    if causal and d == 128 and n >= fa.HOST_DESC_MIN_N:
+    if causal and d == 128 and fa.HOST_DESC_MIN_N_LSE <= n < fa.SPLIT_MIN_N:  # training: the LSE's threshold
         assert fa.last_forward_impl == "v2"
+    elif causal and d == 128 and n < fa.HOST_DESC_MIN_N_LSE:
+        assert fa.last_forward_impl == "v1"
 
 
 @pytest.mark.gpu
