@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
 from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from torch.nn.functional import scaled_dot_product_attention as sdpa  # noqa: E402
+from flash_attention_bench import provider_fn  # noqa: E402  (the grid's providers: the same calls it times)
 
 TARGETS = {1024: 0.80}  # the forward's targets against cuDNN: 0.80 at 1K, 0.85 from 4K, none between
 TARGET_LONG = 0.85
@@ -36,16 +35,6 @@ TARGET_LONG = 0.85
 
 def target(n: int) -> float | None:
     return TARGETS.get(n, TARGET_LONG if n >= 4096 else None)
-
-
-def providers(q, k, v, causal):
-    def ours():
-        return fa.flash_attention(q, k, v, causal=causal)
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return sdpa(q, k, v, is_causal=causal)
-    return {"minillm": ours, "sdpa_cudnn": cudnn}
 
 
 def main(argv=None):
@@ -74,7 +63,7 @@ def main(argv=None):
     for r in range(args.rounds):
         for i, (d, causal, n) in enumerate(points):
             q, k, v = inputs[(d, n)]
-            fns = providers(q, k, v, causal)
+            fns = {name: provider_fn(name, q, k, v, causal) for name in ("minillm", "sdpa_cudnn")}
             want = fns["sdpa_cudnn"]().float()
             err = float((fns["minillm"]().float() - want).abs().max())  # the default is right here, every round
             order = list(fns) if (r + i) % 2 == 0 else list(fns)[::-1]

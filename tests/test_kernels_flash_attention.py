@@ -100,7 +100,7 @@ def test_forward_impls_match_reference(case, dtype, impl):
         assert fa.last_forward_impl == ran or (DEVICE == "cuda" and ran in fa.WS_IMPLS
                                                and fa.last_forward_impl == "v1")
         np.testing.assert_allclose(o.double().cpu().numpy(), ref(q, k, v, causal), atol=TOL[dtype])
-        if fa.last_forward_impl in ("v3", "v5"):  # warp-specialized: the LSE only through the descriptor
+        if fa.last_forward_impl in fa.WS_IMPLS:  # warp-specialized: the LSE only through the descriptor
             assert (lse is None) != descriptor
         # a caller that needs the log-sum-exp (the backward) gets a warp-specialized version only with
         # the descriptor store
@@ -147,7 +147,9 @@ def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descr
                 assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
     monkeypatch.undo()
     for need_lse in (True, False):  # causal, or a length off the 128 grid: never v5
-        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False, need_lse=need_lse)[0] not in ("v3", "v5")
+        least = fa.HOST_DESC_MIN_N_LSE if need_lse else fa.HOST_DESC_MIN_N  # (v2 with host descriptors from there)
+        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False,
+                        need_lse=need_lse)[0] == ("v2" if 1024 >= least else "v1")
         assert fwd_plan(128, torch.bfloat16, False, 1000, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
     assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
 
