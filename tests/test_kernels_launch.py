@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("minillm.kernels")  # sets TRITON_INTERPRET on CPU before triton is imported
 
+import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from minillm.kernels import launch  # noqa: E402
@@ -57,13 +58,57 @@ def test_arg_classes_partition_like_triton():
         assert (ours[i] == ours[j]) == (theirs[i] == theirs[j]), (repr(a)[:40], repr(b)[:40], theirs[i], theirs[j])
 
 
-def test_bind_rejects_host_descriptors_past_the_tensors():
-    """A host TensorDescriptor holds one tensor's address; a Bound would replay it with the next call's tensors."""
+def test_bind_rejects_host_descriptors_over_unnamed_tensors():
+    """A host TensorDescriptor holds one tensor's address: a Bound rebases it only onto the bound tensor ``over``
+    names, so one not named, named wrongly, or made over a view (whose base is not the bound tensor) is refused."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    x = torch.zeros(16, 16)
+    x, y = torch.zeros(16, 16), torch.zeros(16, 16)
+    d = TensorDescriptor(x, [16, 16], [16, 1], [16, 16])
+    for tensors, over in [((x,), ()), ((x, y), (1,)), ((x,), (1,)), ((x,), (0, 0))]:
+        with pytest.raises(TypeError, match="TensorDescriptor"):
+            launch.bind(None, (1,), len(tensors), *tensors, d, over=over)
     with pytest.raises(TypeError, match="TensorDescriptor"):
-        launch.bind(None, (1,), 1, x, TensorDescriptor(x, [16, 16], [16, 1], [16, 16]))
+        launch.bind(None, (1,), 1, x, TensorDescriptor(x.view(256), [256], [1], [16]), over=(0,))
+
+
+@triton.jit
+def _twice_rows(X, Y, X_DESC, Y_DESC, BLOCK: tl.constexpr):
+    """Y = 2 X, one (BLOCK, 16) tile per program, through host descriptors (X and Y only name the tensors)."""
+    r = tl.program_id(0) * BLOCK
+    Y_DESC.store([r, 0], X_DESC.load([r, 0]) * 2)
+
+
+def _twice_descs(x, y):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor(x, list(x.shape), list(x.stride()), [16, 16]),
+            TensorDescriptor(y, list(y.shape), list(y.stride()), [16, 16]))
+
+
+def test_bind_rebases_host_descriptors_onto_each_calls_tensors():
+    """A Bound with host descriptors, called with new tensors, reads and writes those (not the bound ones, which
+    stay alive and unchanged), also when the bound call passed one tensor in both places (in place); a tensor
+    of another shape in a descriptor's place is refused."""
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    x0 = torch.randn(64, 16, device=DEVICE, generator=g)
+    y0 = torch.zeros_like(x0)
+    b = launch.bind(_twice_rows, (4,), 2, x0, y0, *_twice_descs(x0, y0), over=(0, 1), BLOCK=16)
+    torch.testing.assert_close(y0, 2 * x0, atol=0, rtol=0)
+    x1, y1 = torch.randn(64, 16, device=DEVICE, generator=g), torch.zeros(64, 16, device=DEVICE)
+    keep = y0.clone()
+    b(x1, y1)
+    torch.testing.assert_close(y1, 2 * x1, atol=0, rtol=0)
+    assert torch.equal(y0, keep)
+    with pytest.raises(ValueError, match="shape"):
+        b(torch.randn(32, 16, device=DEVICE), torch.zeros(32, 16, device=DEVICE))
+
+    z = torch.randn(64, 16, device=DEVICE, generator=g)
+    dz = _twice_descs(z, z)
+    inplace = launch.bind(_twice_rows, (4,), 2, z, z, *dz, over=(0, 1), BLOCK=16)
+    x2, y2 = torch.randn(64, 16, device=DEVICE, generator=g), torch.zeros(64, 16, device=DEVICE)
+    inplace(x2, y2)  # two tensors now: each descriptor follows its own place
+    torch.testing.assert_close(y2, 2 * x2, atol=0, rtol=0)
 
 
 def test_arg_class_rejects_unknown_types():

@@ -464,9 +464,9 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # (results/flash_attention_tune_oneloop_h200.json) and 5.3-6.8% eagerly in two runs
 # (results/flash_attention_tune_hostdesc_short_e1_h200.json, _e2_); below 1K it was not measured.
 HOST_DESC_MIN_N = 1024
-# ... and for calls that need the log-sum-exp (training, return_lse): from this many. A call with host descriptors
-# keeps no launch plan (the descriptors hold its addresses), so the host does more per call, and a short training
-# step is bound by the host: with the forward there from 1K, the eager d=128 causal forward + backward at N=1K took
+# ... and for calls that need the log-sum-exp (training, return_lse): from this many. Measured while a call with host
+# descriptors kept no launch plan (before launch.bind rebased descriptors), so the host did more per call, and a
+# short training step is bound by the host: with the forward there from 1K, the eager d=128 causal forward + backward at N=1K took
 # 0.633 ms in the grid against 0.496 ms before (results/flash_attention_h200.json against _grid_kernels26_h200.json).
 # Side by side (results/flash_attention_hostlse_1024_h200.json against _4096_): at 1K, 0.572 ms against 0.492 eagerly
 # (0.477 against 0.484 from CUDA graphs); at 2K, 1.529 against 1.579 eagerly and 1.536 against 1.575 from graphs.
@@ -502,8 +502,8 @@ def host_descriptors_pay(impl: str, D: int, causal: bool, nq: int, nk: int, need
 WS_LSE_STORE = 2
 # The TMA versions' descriptors: made once per call on the host (over the flattened tensors) where the tensors are
 # contiguous and the tiles divide the lengths, instead of four or five per tile in the kernel. True forces them for
-# every TMA call; False (the default) makes them only where host_descriptors_pay grants them. Calls with host
-# descriptors make them anew each time (no plans: a plan would keep the old tensors' addresses).
+# every TMA call; False (the default) makes them only where host_descriptors_pay grants them. A plan's replay
+# rebases the first call's descriptors onto its own tensors (launch.bind's ``over``).
 TMA_HOST_DESCRIPTORS = False
 FWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6")  # v1 pointers; v2 TMA; v3 TMA + warp specialization;
 # v4/v5 persistent; v6: v3 in two launches when causal
@@ -601,14 +601,6 @@ class _Chain:
         return self.compiled
 
 
-class _Launched:
-    """What ``_forward`` keeps of a launch it did not bind (host descriptors): the compiled kernel."""
-    __slots__ = ("compiled",)
-
-    def __init__(self, compiled):
-        self.compiled = compiled
-
-
 def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, int] | None = None,
              impl: str | None = None, programs_per_sm: int | None = None, need_lse: bool = True,
              lse_store: int | None = None):
@@ -632,10 +624,9 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     plan_key = None
-    if (PLANS and not TMA_HOST_DESCRIPTORS and config is None and programs_per_sm is None and lse_store is None
-            and fast_path_on()
+    if (PLANS and config is None and programs_per_sm is None and lse_store is None and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
-        plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE,
+        plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE, TMA_HOST_DESCRIPTORS,
                     CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_MIN_N_LSE, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
                     SPLIT_PARTIAL_FP32, SPLIT_MIN_N)
     o = torch.empty_like(q)
@@ -714,9 +705,9 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                           FIRST_M=bm, FIRST_N=bn, PAD_D=block_d != D, IEEE=q.dtype == torch.float32,
                           num_warps=rw, num_stages=rs)
             return _Chain(first, second, fp32)
-        if descs[0] is not None:  # descriptors hold these tensors' addresses: launched once, never bound
-            return _Launched(fast_launch(_fwd_kernel_tma, grid, q, k, v, o, lse, *tail, **more))
-        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, **more)
+        # (host descriptor i is over tensor i of (q, k, v, o, lse): a replay rebases it onto that call's tensor)
+        return bind(_fwd_kernel_tma, grid, 5, q, k, v, o, lse, *tail, over=tuple(i for i, d in enumerate(descs) if d is not None),
+                    **more)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
     key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop
@@ -734,8 +725,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         bound = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
     last_forward_kernel, last_forward_impl = bound.compiled, impl
     keep_lse = not (impl in WS_IMPLS and lse_store != 2 and not asked)
-    if plan_key is not None and o.data_ptr() % 16 == 0 and not isinstance(bound, _Launched):
-        # (a misaligned o is not the key's usual case; host descriptors hold this call's addresses: no replay)
+    if plan_key is not None and o.data_ptr() % 16 == 0:  # (a misaligned o is not the key's usual case)
         _remember(plan_key, (impl, bound, keep_lse))
     return o, (lse if keep_lse else None)
 

@@ -26,7 +26,11 @@ and heuristics wrappers always take the JIT path.
 
 ``bind`` goes one step further for a caller that repeats a launch with new tensors and everything else
 the same: the ``Bound`` it returns checks only the tensors' classes and calls the launcher
-(flash_attention's plans keep them).
+(flash_attention's plans keep them). A host ``TensorDescriptor`` among the bound arguments whose base is
+one of the bound tensors is rebased on every call onto the tensor passed in that place, which must have
+the bound one's shape and strides (the descriptor's extents were made from them): the launcher encodes
+the TMA descriptor from base, shape and strides on each launch anyway, so a replay skips only Python's
+construction and checks of the descriptor object, which the first call ran.
 """
 from __future__ import annotations
 
@@ -166,18 +170,39 @@ class Bound:
     classing of the scalars, which cannot change. Any other call goes through ``fast_launch`` with the
     full argument list, as an unbound launch would."""
 
-    __slots__ = ("kernel", "grid", "scalars", "constexprs", "compiled", "device", "classes", "knobs", "launch")
+    __slots__ = ("kernel", "grid", "scalars", "constexprs", "compiled", "device", "classes", "knobs", "launch",
+                 "descs")
 
-    def __init__(self, kernel, grid, n_tensors: int, args: tuple, constexprs: dict, compiled, entry, device):
+    def __init__(self, kernel, grid, n_tensors: int, args: tuple, constexprs: dict, compiled, entry, device,
+                 over: tuple = ()):
         self.kernel, self.grid, self.constexprs, self.compiled = kernel, grid, constexprs, compiled
         self.scalars, self.device = args[n_tensors:], device
         self.classes = tensor_classes(args[:n_tensors])
+        # host descriptors (each over the tensor ``over`` names): (place among the scalars, tensor index, the
+        # descriptor, the tensor's shape and strides)
+        places = [i for i, a in enumerate(self.scalars) if isinstance(a, TensorDescriptor)]
+        self.descs = tuple((i, j, self.scalars[i], tuple(args[j].shape), args[j].stride()) for i, j in zip(places, over))
         self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
         self.launch = None
         if entry is not None and entry is not _JIT_ONLY:
             run, function, metadata, tail, _ = entry
             g = (*grid, 1, 1)
             self.launch = run, (g[0], g[1], g[2]), (function, metadata, None, None, None), (*self.scalars, *tail)
+
+    def _rebase(self, tensors, values: tuple) -> tuple:
+        """``values`` (the scalars, then anything after them) with each bound descriptor rebased on this call's
+        tensor in its place."""
+        values = list(values)
+        for i, j, desc, shape, strides in self.descs:
+            t = tensors[j]
+            if t.shape != shape or t.stride() != strides:
+                raise ValueError(f"a bound launch's host descriptor was made over a tensor of shape {shape} and "
+                                 f"strides {strides}; this call passes {tuple(t.shape)}, {t.stride()} in its place")
+            d = object.__new__(TensorDescriptor)  # (the bound one's fields, checked when it was made; a new base)
+            d.__dict__.update(desc.__dict__)
+            d.base = t
+            values[i] = d
+        return tuple(values)
 
     def __call__(self, *tensors):
         L = self.launch  # (None unless the fast path was on and the launch had a fast entry when bound)
@@ -186,21 +211,32 @@ class Bound:
                 and (knobs.runtime.debug, knobs.compilation.instrumentation_mode) == self.knobs
                 and driver.active.get_current_device() == self.device):
             run, head, rest, tail = L
+            if self.descs:
+                tail = self._rebase(tensors, tail)
             run(*head, driver.active.get_current_stream(self.device), *rest, *tensors, *tail)
             stats["bound"] += 1
             return self.compiled
-        return fast_launch(self.kernel, self.grid, *tensors, *self.scalars, **self.constexprs)
+        scalars = self._rebase(tensors, self.scalars) if self.descs else self.scalars
+        return fast_launch(self.kernel, self.grid, *tensors, *scalars, **self.constexprs)
 
 
-def bind(kernel, grid: tuple, n_tensors: int, *args, **constexprs) -> Bound:
+def bind(kernel, grid: tuple, n_tensors: int, *args, over: tuple = (), **constexprs) -> Bound:
     """``fast_launch(kernel, grid, *args, **constexprs)``, and a ``Bound`` that repeats it: the first
-    ``n_tensors`` arguments are the ones a later call passes anew (they must be the only tensors)."""
-    if not all(isinstance(a, torch.Tensor) for a in args[:n_tensors]) or \
-            any(isinstance(a, (torch.Tensor, TensorDescriptor)) for a in args[n_tensors:]):
-        raise TypeError("bind: tensors must come first, all of them in the first n_tensors arguments (a host "
-                        "TensorDescriptor holds a tensor's address: launch it with fast_launch, not bind)")
+    ``n_tensors`` arguments are the ones a later call passes anew (they must be the only tensors). Host
+    TensorDescriptors among the rest are allowed when ``over`` names, for each in order, the index of the
+    bound tensor it was made over (its base itself, not a view of it; tensors may alias, hence the index):
+    a replay rebases it onto the tensor passed in that place."""
+    tensors, rest = args[:n_tensors], args[n_tensors:]
+    if not all(isinstance(a, torch.Tensor) for a in tensors) or any(isinstance(a, torch.Tensor) for a in rest):
+        raise TypeError("bind: tensors must come first, all of them in the first n_tensors arguments")
+    descs = [a for a in rest if isinstance(a, TensorDescriptor)]
+    if len(descs) != len(over) or not all(type(d) is TensorDescriptor and 0 <= j < n_tensors and d.base is tensors[j]
+                                          for d, j in zip(descs, over)):
+        raise TypeError("bind: each host TensorDescriptor must be made over one of the first n_tensors arguments "
+                        "itself (not a view of it), named by its index in over=, in order: a replay rebases it "
+                        "onto the tensor passed in that place")
     compiled, entry, device = _launch(kernel, grid, args, constexprs)
-    return Bound(kernel, grid, n_tensors, args, constexprs, compiled, entry, device)
+    return Bound(kernel, grid, n_tensors, args, constexprs, compiled, entry, device, tuple(over))
 
 
 def cdiv(a: int, b: int) -> int:
