@@ -12,6 +12,10 @@ ratios with their range. The verdict rule is fixed before the run: a target is m
 or above it (0.85 at N >= 4K, 0.80 at N = 1K, issue 12). Unlike the grid, there is no warm-up before the
 first point: the first round is the warm-up of the rounds after it. Each round also checks minillm's output
 against cuDNN's (``ok``: largest difference below 2e-2, the tune's bound).
+
+``--variant NAME=VALUE ...`` adds a third provider timed in the same rounds: minillm's default with those
+constants of ``minillm.kernels.flash_attention`` set for its calls only (a change on trial against the default,
+side by side); the summary then also gives the median over rounds of the variant's speed over the default's.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
+from _common import apply_settings, median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
 from flash_attention_bench import provider_fn  # noqa: E402  (the grid's providers: the same calls it times)
 
 TARGETS = {1024: 0.80}  # the forward's targets against cuDNN: 0.80 at 1K, 0.85 from 4K, none between
@@ -45,6 +49,8 @@ def main(argv=None):
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
     ap.add_argument("--causal", nargs="+", default=["False", "True"], choices=["False", "True"])
     ap.add_argument("--modes", nargs="+", default=["eager", "graph"], choices=["eager", "graph"])
+    ap.add_argument("--variant", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="also time the default with these flash_attention constants set (a third provider)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_ratio_study.py needs a CUDA GPU")
@@ -53,6 +59,24 @@ def main(argv=None):
                     timing="triton.testing.do_bench (eager) / do_bench_cudagraph (graph), return_mode=median",
                     rule="a target is met when the median over rounds of minillm / cuDNN (TFLOP/s) is >= it",
                     targets={"1024": TARGETS[1024], "4096+": TARGET_LONG})
+    variant = None
+    if args.variant:
+        default = {item.partition("=")[0]: getattr(fa, item.partition("=")[0], None) for item in args.variant}
+        variant = apply_settings(fa, args.variant)  # (checks the names and values; the default is put back below)
+        for name, value in default.items():
+            setattr(fa, name, value)
+        meta["variant"] = variant
+
+    def with_variant(fn):
+        def run():
+            for name, value in variant.items():
+                setattr(fa, name, value)
+            try:
+                return fn()
+            finally:
+                for name, value in default.items():
+                    setattr(fa, name, value)
+        return run
     points = [(d, c == "True", n) for d in args.head_dims for c in args.causal for n in args.seq_lens]
     inputs = {}
     for d, causal, n in points:
@@ -64,8 +88,13 @@ def main(argv=None):
         for i, (d, causal, n) in enumerate(points):
             q, k, v = inputs[(d, n)]
             fns = {name: provider_fn(name, q, k, v, causal) for name in ("minillm", "sdpa_cudnn")}
+            if variant:
+                fns["variant"] = with_variant(provider_fn("minillm", q, k, v, causal))
             want = fns["sdpa_cudnn"]().float()
             err = float((fns["minillm"]().float() - want).abs().max())  # the default is right here, every round
+            ran = fa.last_forward_impl
+            if variant:
+                err = max(err, float((fns["variant"]().float() - want).abs().max()))
             order = list(fns) if (r + i) % 2 == 0 else list(fns)[::-1]
             flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
             for mode in args.modes:
@@ -74,13 +103,16 @@ def main(argv=None):
                     ms[name] = median_ms(fns[name], warmup=25, rep=100) if mode == "eager" else \
                         median_ms_cudagraph(fns[name])
                 rows.append({"round": r, "D": d, "N": n, "causal": causal, "mode": mode, "first": order[0],
-                             "ran": fa.last_forward_impl, "max_abs_diff_vs_cudnn": err, "ok": err < 2e-2,
+                             "ran": ran, "max_abs_diff_vs_cudnn": err, "ok": err < 2e-2,
                              **{f"{p}_ms": t for p, t in ms.items()},
                              **{f"{p}_tflops": flops / (t * 1e-3) / 1e12 for p, t in ms.items()},
                              "ratio": ms["sdpa_cudnn"] / ms["minillm"]})
+                if variant:
+                    rows[-1]["variant_speedup"] = ms["minillm"] / ms["variant"]
                 write_results(args.out, meta, rows)
                 print(f"round {r} D={d:3d} N={n:6d} causal={causal!s:5s} {mode:5s} minillm {ms['minillm']:.3f} ms"
-                      f"  cudnn {ms['sdpa_cudnn']:.3f} ms  ratio {rows[-1]['ratio']:.3f}  (err {err:.4f})",
+                      f"  cudnn {ms['sdpa_cudnn']:.3f} ms  ratio {rows[-1]['ratio']:.3f}  (err {err:.4f})"
+                      + (f"  variant {ms['variant']:.3f} ms ({rows[-1]['variant_speedup'] - 1:+.1%})" if variant else ""),
                       flush=True)
     print("\nmedian ratio to cuDNN over rounds [min, max]; target; verdict by the median", flush=True)
     summary = []
@@ -91,8 +123,15 @@ def main(argv=None):
             met = None if need is None else med >= need
             summary.append({"D": d, "N": n, "causal": causal, "mode": mode, "median_ratio": med,
                             "min_ratio": min(got), "max_ratio": max(got), "target": need, "met": met})
-            print(f"D={d:3d} N={n:6d} causal={causal!s:5s} {mode:5s} {med:.3f} [{min(got):.3f}, {max(got):.3f}]"
-                  + ("  no target" if need is None else f"  {need:.2f}  {'met' if met else 'MISSED'}"), flush=True)
+            line = (f"D={d:3d} N={n:6d} causal={causal!s:5s} {mode:5s} {med:.3f} [{min(got):.3f}, {max(got):.3f}]"
+                    + ("  no target" if need is None else f"  {need:.2f}  {'met' if met else 'MISSED'}"))
+            if variant:
+                sp = [x["variant_speedup"] for x in rows
+                      if (x["D"], x["causal"], x["N"], x["mode"]) == (d, causal, n, mode)]
+                summary[-1].update(variant_speedup_median=statistics.median(sp), variant_speedup_min=min(sp),
+                                   variant_speedup_max=max(sp))
+                line += f"  variant {statistics.median(sp) - 1:+.1%} [{min(sp) - 1:+.1%}, {max(sp) - 1:+.1%}]"
+            print(line, flush=True)
     meta["summary"] = summary
     write_results(args.out, meta, rows)
 

@@ -68,6 +68,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels35")      #   v2 host: narrower key tiles, 1K-8K
 #                run(command="bash benchmarks/gpu_session.sh kernels36")      #   every light flash test, final code
 #                run(command="bash benchmarks/gpu_session.sh kernels37")      #   the N=1K training step, host threshold
+#                run(command="bash benchmarks/gpu_session.sh kernels38")      # plans for host descriptors; lazy rescale
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -864,6 +865,24 @@ kernels37)  # issue 12: training calls (which need the LSE) take host descriptor
       --out "$OUT/flash_attention_hostlse_${L}_h200.json" > "$OUT/flash_attention_hostlse_${L}_h200.txt" 2>&1
     echo "threshold $L rc=$?"; grep -E "^ +128 " "$OUT/flash_attention_hostlse_${L}_h200.txt"
   done ;;
+kernels38)  # issue 12: host-descriptor calls keep plans now (launch.bind rebases the descriptors); the forward's lazy
+  # rescale (FWD_LAZY_RESCALE) on trial. The compiled tests that cover them, the 1K/2K training step with the LSE
+  # threshold at 1K and at 2K, then the lazy rescale against the default beside cuDNN in 5 rounds (~8 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    -k "launch or host_desc or plan or lazy or training_path" 2>/dev/null | run_shards kernel_tests_kernels38 8 200
+  for L in 1024 2048; do
+    timeout 70 python3 benchmarks/flash_attention_bwd_bench.py --points 128:1024 128:2048 --flex-points \
+      --providers minillm sdpa_flash --graphs --sweep --fa-set HOST_DESC_MIN_N_LSE=$L \
+      --out "$OUT/flash_attention_hostplan_${L}_h200.json" > "$OUT/flash_attention_hostplan_${L}_h200.txt" 2>&1
+    echo "threshold $L rc=$?"; grep -E "^ +128 " "$OUT/flash_attention_hostplan_${L}_h200.txt"
+  done
+  timeout 150 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 --head-dims 128 --causal True \
+    --seq-lens 1024 2048 4096 8192 --variant FWD_LAZY_RESCALE=8.0 --out "$OUT/flash_attention_lazy_h200.json" \
+    > /tmp/lazy.txt 2>&1  # (the device returns 8 files a call: the JSON holds every row and the summary)
+  echo "lazy rc=$?"; sed -n '/median ratio/,$p' /tmp/lazy.txt; grep -E "Error|error" /tmp/lazy.txt | head -5
+  timeout 90 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 --head-dims 64 --causal False \
+    --seq-lens 4096 8192 --variant FWD_LAZY_RESCALE=8.0 --out "$OUT/flash_attention_lazy64_h200.json" > /tmp/lazy64.txt 2>&1
+  echo "lazy64 rc=$?"; sed -n '/median ratio/,$p' /tmp/lazy64.txt; grep -E "Error|error" /tmp/lazy64.txt | head -5 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
