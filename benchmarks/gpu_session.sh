@@ -69,6 +69,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels36")      #   every light flash test, final code
 #                run(command="bash benchmarks/gpu_session.sh kernels37")      #   the N=1K training step, host threshold
 #                run(command="bash benchmarks/gpu_session.sh kernels38")      # plans for host descriptors; lazy rescale
+#                run(command="bash benchmarks/gpu_session.sh kernels39")      #   the N=1K step's host time, per part
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -883,6 +884,16 @@ kernels38)  # issue 12: host-descriptor calls keep plans now (launch.bind rebase
   timeout 90 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 --head-dims 64 --causal False \
     --seq-lens 4096 8192 --variant FWD_LAZY_RESCALE=8.0 --out "$OUT/flash_attention_lazy64_h200.json" > /tmp/lazy64.txt 2>&1
   echo "lazy64 rc=$?"; sed -n '/median ratio/,$p' /tmp/lazy64.txt; grep -E "Error|error" /tmp/lazy64.txt | head -5 ;;
+kernels39)  # issue 12: with plans, the 1K training step still ran 24% slower eagerly with the forward on host
+  # descriptors (kernels38) at equal CUDA-graph time. Host issue time against GPU time per step, with cProfile's top
+  # host functions: the defaults at d=64 / d=128 causal 1K, then d=128 causal with host descriptors from 1K (~2 min)
+  timeout 150 python3 benchmarks/profile_attention_step.py --points 64:1024:causal 128:1024:causal --host-profile \
+    --out "$OUT/attention_step_host_kernels39_h200.json" > "$OUT/attention_step_host_kernels39_h200.txt" 2>&1
+  echo "defaults rc=$?"; grep -E "^D=|host issue" "$OUT/attention_step_host_kernels39_h200.txt"
+  timeout 120 python3 benchmarks/profile_attention_step.py --points 128:1024:causal --host-profile \
+    --fa-set HOST_DESC_MIN_N_LSE=1024 --out "$OUT/attention_step_hostdesc_kernels39_h200.json" \
+    > "$OUT/attention_step_hostdesc_kernels39_h200.txt" 2>&1
+  echo "host descriptors from 1K rc=$?"; grep -E "^D=|host issue" "$OUT/attention_step_hostdesc_kernels39_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from minillm.kernels import flash_attention as fa  # noqa: E402
 from minillm.kernels import launch  # noqa: E402
 
-from _common import median_ms_cudagraph, run_meta, step_inputs, step_point, write_results  # noqa: E402
+from _common import apply_settings, median_ms_cudagraph, run_meta, step_inputs, step_point, write_results  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 
@@ -127,13 +127,16 @@ def main(argv=None):
     ap.add_argument("--providers", nargs="+", default=["minillm", "sdpa_flash"])
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--host-profile", action="store_true", help="cProfile minillm's host functions too")
+    ap.add_argument("--fa-set", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="set minillm.kernels.flash_attention constants for the run (e.g. HOST_DESC_MIN_N_LSE=1024)")
     args = ap.parse_args(argv)
+    settings = apply_settings(fa, args.fa_set)
     if not torch.cuda.is_available():
         sys.exit("profile_attention_step.py needs a CUDA GPU")
     rows = []
     meta = run_meta(dtype="bfloat16", batch=4, heads=32, calls=args.calls,
                     graph_timing="triton.testing.do_bench_cudagraph, median "
-                                 "(runs before 2026-12-03's kernels6: the mean of 200 replays)")
+                                 "(runs before 2026-12-03's kernels6: the mean of 200 replays)", fa_set=settings)
     for point in args.points:
         d, n, causal = step_point(point)
         for provider in args.providers:

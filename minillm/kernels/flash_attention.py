@@ -269,14 +269,9 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 
 @triton.jit
 def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                   LAZY: tl.constexpr = 0.0):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
     """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros); ``kv_row`` is
-    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors).
-
-    ``LAZY`` > 0 (unmasked tiles only; FWD_LAZY_RESCALE): a row keeps its running max until a tile's max passes it
-    by more than LAZY (log2 units), so its p stay below 2**LAZY, and the accumulator is rescaled only when some
-    row of the tile moved (one branch per tile). O = acc / l and the LSE = m + log2(l) are exact for any m."""
+    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors)."""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
         kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
@@ -290,11 +285,6 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offse
             m_new = tl.maximum(m, tl.max(s, axis=1))
             m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.exp2(s - m_shift[:, None])
-        elif LAZY > 0:
-            m_tile = tl.max(s, axis=1) * qk_scale
-            m_new = tl.where(m_tile > m + LAZY, m_tile, m)  # (m = -inf: the first tile sets it)
-            m_shift = m_new
-            p = tl.exp2(s * qk_scale - m_shift[:, None])
         else:
             m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
             m_shift = m_new
@@ -302,12 +292,7 @@ def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offse
         alpha = tl.exp2(m - m_shift)
         l = l * alpha + tl.sum(p, axis=1)
         v = v_desc.load([kv_row + start, 0])
-        if LAZY > 0 and not MASKED:
-            if tl.max(m_new - m) > 0:  # some row moved: rescale (else every alpha is 1)
-                acc = acc * alpha[:, None]
-            acc = _mma(p.to(v.dtype), v, acc, IEEE)
-        else:
-            acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
         m = m_new
     return acc, l, m
 
@@ -317,7 +302,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0, LAZY: tl.constexpr = 0.0):
+                  LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
     """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. The descriptors come
     from the host (Q_DESC...: over the flattened (B * heads * N, D) tensors, whose rows of one head start at
     head * N; ``TMA_HOST_DESCRIPTORS``) or are built here per (batch, head), every tile. ``LSE_STORE``:
@@ -356,7 +341,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
-                               BLOCK_N, False, CAUSAL, IEEE, WS, LAZY)
+                               BLOCK_N, False, CAUSAL, IEEE, WS)
     if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
                                    BLOCK_N, True, CAUSAL, IEEE, False)
@@ -381,8 +366,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
                     LSE_DESC,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0,
-                    LAZY: tl.constexpr = 0.0):
+                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
     if PERSISTENT:
         # tile t: causal runs the last (heaviest) query tiles of every head first; non-causal keeps the
         # tiles of one head together, so the programs running at once share its K and V in L2
@@ -396,7 +380,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                           Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE, PART, LAZY)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE, PART)
     else:
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -405,7 +389,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
         _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                       Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE, PART, LAZY)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE, PART)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -540,10 +524,6 @@ RESUME_CONFIG = (64, 64, 4, 2)
 # to bf16 there, the partial O put v6 outside the tolerance rule at 1024 queries over 3072 keys
 # (results/kernel_tests_kernels22.txt)
 SPLIT_PARTIAL_FP32 = True
-# The TMA versions without warp specialization (v2, v4): rescale the accumulator lazily on unmasked tiles (a row's
-# running max moves only when passed by more than this many log2 units; 0: the usual update every tile). See
-# _fwd_inner_tma's LAZY.
-FWD_LAZY_RESCALE = 0.0
 last_forward_impl = None  # the forward version the latest call ran (a TMA version can fall back to v1, see _forward)
 _fwd_fallen_back: set = set()  # (impl, D, dtype, causal, tiles, even_n) whose compile failed once: they run v1
 
@@ -648,7 +628,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE, TMA_HOST_DESCRIPTORS,
                     CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_MIN_N_LSE, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
-                    SPLIT_PARTIAL_FP32, SPLIT_MIN_N, FWD_LAZY_RESCALE)
+                    SPLIT_PARTIAL_FP32, SPLIT_MIN_N)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
@@ -709,7 +689,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
-                    LAZY=float(FWD_LAZY_RESCALE) if impl not in WS_IMPLS else 0.0, **common)
+                    **common)
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
         if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
             fp32 = SPLIT_PARTIAL_FP32 and o.dtype != torch.float32
