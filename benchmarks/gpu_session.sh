@@ -70,6 +70,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels37")      #   the N=1K training step, host threshold
 #                run(command="bash benchmarks/gpu_session.sh kernels38")      # plans for host descriptors; lazy rescale
 #                run(command="bash benchmarks/gpu_session.sh kernels39")      #   the N=1K step's host time, per part
+#                run(command="bash benchmarks/gpu_session.sh kernels40")      #   host descriptors encoded once per address
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -894,6 +895,28 @@ kernels39)  # issue 12: with plans, the 1K training step still ran 24% slower ea
     --fa-set HOST_DESC_MIN_N_LSE=1024 --out "$OUT/attention_step_hostdesc_kernels39_h200.json" \
     > "$OUT/attention_step_hostdesc_kernels39_h200.txt" 2>&1
   echo "host descriptors from 1K rc=$?"; grep -E "^D=|host issue" "$OUT/attention_step_hostdesc_kernels39_h200.txt" ;;
+kernels40)  # issue 12: a Bound with host descriptors calls the C launcher itself, each descriptor encoded once per
+  # tensor address (kernels39: Triton's wrapper cost ~100 us a call). The compiled tests that cover it (CUDA-graph
+  # capture of a training step too), then the 1K step's host time and the 1K/2K training step with the LSE threshold
+  # at 1K and at 2K, then inference with host descriptors from 1K against from 4K (v1 below) in 5 rounds (~8 min).
+  # Only JSON files come back (the device returns 8 files a call); the console has the summaries.
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    -k "launch or host_desc or plan or graph or training_path" 2>/dev/null | run_shards kernel_tests_kernels40 8 200
+  for L in 2048 1024; do
+    timeout 60 python3 benchmarks/profile_attention_step.py --points 128:1024:causal --fa-set HOST_DESC_MIN_N_LSE=$L \
+      --out "$OUT/attention_step_hostraw_${L}_h200.json" > /tmp/prof_$L.txt 2>&1
+    echo "profile threshold $L rc=$?"; grep -E "^D=|host issue" /tmp/prof_$L.txt
+  done
+  for L in 1024 2048; do
+    timeout 70 python3 benchmarks/flash_attention_bwd_bench.py --points 128:1024 128:2048 --flex-points \
+      --providers minillm sdpa_flash --graphs --sweep --fa-set HOST_DESC_MIN_N_LSE=$L \
+      --out "$OUT/flash_attention_hostraw_${L}_h200.json" > /tmp/bwd_$L.txt 2>&1
+    echo "threshold $L rc=$?"; grep -E "^ +128 " /tmp/bwd_$L.txt
+  done
+  timeout 120 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 --head-dims 128 --causal True \
+    --seq-lens 1024 2048 --variant HOST_DESC_MIN_N=4096 --out "$OUT/flash_attention_hostraw_inference_h200.json" \
+    > /tmp/inf.txt 2>&1
+  echo "inference rc=$?"; sed -n '/median ratio/,$p' /tmp/inf.txt; grep -E "Error" /tmp/inf.txt | head -3 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -820,6 +820,43 @@ def test_flash_attention_host_descriptor_default_replays_on_new_tensors_gpu():
     assert torch.equal(outs[0][3], outs[0][4])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("host_desc", [False, True])
+def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc):
+    """A training step (forward, then autograd.grad) captured in a CUDA graph, D=128 causal, on the v1 forward or
+    on v2 with host descriptors (which a plan's replay encodes for the captured launch): replayed on new values
+    written into the captured inputs, it gives the eager step's outputs and gradients on those values."""
+    from minillm.kernels import flash_attention as fa
+
+    n = fa.HOST_DESC_MIN_N_LSE if host_desc else 512
+    g = torch.Generator(device="cuda").manual_seed(n)
+    q, k, v, do = (torch.randn(1, 4, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_()
+
+    def step():
+        o = flash_attention(q, k, v, causal=True)
+        return (o, *torch.autograd.grad(o, (q, k, v), do))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (warm-up on a side stream, as torch.cuda.graph asks)
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    assert fa.last_forward_impl == ("v2" if host_desc else "v1")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    with torch.no_grad():
+        for t in (q, k, v, do):
+            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = step()
+    for a, b in zip(captured, want):
+        assert torch.equal(a, b)
+
+
 def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
     """The kernel plugs into the model's attn_fn; prefill and cached decoding give the same tokens."""
     from minillm.decode import cached_decode

@@ -95,6 +95,7 @@ def test_bind_rebases_host_descriptors_onto_each_calls_tensors():
     y0 = torch.zeros_like(x0)
     b = launch.bind(_twice_rows, (4,), 2, x0, y0, *_twice_descs(x0, y0), over=(0, 1), BLOCK=16)
     torch.testing.assert_close(y0, 2 * x0, atol=0, rtol=0)
+    assert (b.raw is not None) == (DEVICE == "cuda")  # compiled (Triton 3.6): through the C launcher itself
     x1, y1 = torch.randn(64, 16, device=DEVICE, generator=g), torch.zeros(64, 16, device=DEVICE)
     keep = y0.clone()
     b(x1, y1)
@@ -338,3 +339,67 @@ def test_bind_repeats_the_launch_with_new_tensors_gpu(monkeypatch):
     before = dict(launch.stats)
     b(*second, delta, lse2)
     assert launch.stats["slow"] == before["slow"] + 1 and launch.stats["bound"] == before["bound"]
+
+
+def _fake_cuda_launcher(monkeypatch, encodings):
+    """A launcher built as Triton 3.6 builds a CudaLauncher (its ``launch`` the closure that Triton's
+    ``wrap_handle_tensordesc`` makes) around a C launcher that records its arguments; descriptors encoded by a
+    stand-in for ``make_tensordesc_arg`` (which needs a GPU) that records each encoding."""
+    from triton.backends.nvidia import driver as nv
+
+    def encode(desc, meta):
+        encodings.append(desc.base.data_ptr())
+        return [("map", desc.base.data_ptr(), tuple(desc.block_shape), meta["tag"]), *desc.shape, *desc.strides]
+    monkeypatch.setattr(nv, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(launch, "make_tensordesc_arg", encode)
+    monkeypatch.setattr(launch, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: 7)))
+    recorded = []
+    signature = {"X": "*fp32", "Y": "*fp32", "n": "i32", "X_DESC": "tensordesc<fp32[16,16]>",
+                 "Y_DESC": "tensordesc<fp32[16,16]>", "BLOCK": "constexpr"}
+    CudaLauncher = type("CudaLauncher", (), {})  # (the name _unwrapped checks)
+    run = CudaLauncher()
+    run.launch = nv.wrap_handle_tensordesc(lambda *a: recorded.append(a), signature, [{"tag": "x"}, {"tag": "y"}])
+    run.global_scratch_size = run.profile_scratch_size = 0
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    return run, recorded
+
+
+def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
+    """A Bound with host descriptors calls the C launcher itself, with exactly the arguments Triton's own
+    descriptor wrapper would pass for the same call (each descriptor as its encoding, shape and strides), and
+    encodes a descriptor once per tensor address: a repeated call reuses it, a tensor elsewhere gets its own."""
+    encodings = []
+    run, recorded = _fake_cuda_launcher(monkeypatch, encodings)
+    x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
+    dx, dy = _twice_descs(x0, y0)
+    b = launch.Bound(None, (4,), 2, (x0, y0, 64, dx, dy), {"BLOCK": 16}, None, (run, "fn", "meta", (16,), None), 0,
+                     over=(0, 1))
+    assert b.raw is not None
+    x1, y1 = torch.zeros(64, 16), torch.zeros(64, 16)
+    b(x1, y1)
+    ours = recorded.pop()
+    d1 = b._rebase((x1, y1), b.scalars)  # what the wrapper gets: descriptors over this call's tensors
+    run.launch(4, 1, 1, 7, "fn", False, True, None, None, "meta", None, None, None, x1, y1, *d1, 16)
+    assert ours == recorded.pop()
+    assert ours[13] is x1 and ours[14] is y1 and ours[15] == 64 and ours[16] == ("map", x1.data_ptr(), (16, 16), "x")
+    n = len(encodings)
+    b(x1, y1)  # the same addresses: no encoding
+    assert len(encodings) == n and recorded.pop() == ours
+    y2 = torch.zeros(64, 16)
+    b(x1, y2)  # a new address for Y only
+    assert encodings[n:] == [y2.data_ptr()]
+    with pytest.raises(ValueError, match="shape"):
+        b(torch.zeros(32, 16), y2)
+
+
+def test_unwrapped_refuses_other_launchers(monkeypatch):
+    """The C launcher is taken out of Triton's wrapper only when the wrapper is the one Triton 3.6 builds."""
+    run, _ = _fake_cuda_launcher(monkeypatch, [])
+    assert launch._unwrapped(run) is not None
+    run.global_scratch_size = 128  # a kernel that needs scratch memory: Triton's wrapper allocates it
+    assert launch._unwrapped(run) is None
+    run.global_scratch_size = 0
+    assert launch._unwrapped(types.SimpleNamespace(**vars(run))) is None  # not a CudaLauncher
+    run.launch = lambda *a: None  # no closure
+    assert launch._unwrapped(run) is None

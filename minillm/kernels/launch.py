@@ -29,8 +29,13 @@ the same: the ``Bound`` it returns checks only the tensors' classes and calls th
 (flash_attention's plans keep them). A host ``TensorDescriptor`` among the bound arguments whose base is
 one of the bound tensors is rebased on every call onto the tensor passed in that place, which must have
 the bound one's shape and strides (the descriptor's extents were made from them): the launcher encodes
-the TMA descriptor from base, shape and strides on each launch anyway, so a replay skips only Python's
-construction and checks of the descriptor object, which the first call ran.
+the TMA descriptor from base, shape and strides on each launch. That encoding, in the Python wrapper
+Triton 3.6 puts around its C launcher (``wrap_handle_tensordesc``), cost about 100 us of host time per
+call of the forward with four descriptors (results/attention_step_hostdesc_kernels39_h200.json), so a
+Bound calls the C launcher itself and keeps each descriptor's encoding per tensor address
+(``DESC_CACHE``; the caching allocator hands the same addresses back step after step), made by Triton's
+own ``make_tensordesc_arg`` (``_unwrapped`` finds the C launcher; where Triton is built otherwise the
+wrapper runs as before).
 """
 from __future__ import annotations
 
@@ -41,6 +46,11 @@ from triton.runtime.jit import JITFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import INTERPRETED
+
+try:  # Triton 3.6's encoding of one host descriptor for its launcher (None: Bound keeps Triton's wrapper)
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+except ImportError:  # pragma: no cover
+    make_tensordesc_arg = None
 
 try:  # (Triton before 3.4 has no knobs module: the fast path is then off)
     from triton import knobs
@@ -93,6 +103,25 @@ def tensor_classes(tensors) -> list:
 
 
 _JIT_ONLY = object()  # the entry of a class that always goes through kernel[grid]
+DESC_CACHE = 16  # encoded descriptors a Bound keeps per descriptor parameter (one per tensor address)
+
+
+def _unwrapped(run):
+    """(C launcher, cooperative, pdl, indices of the descriptor parameters, their metadata) of a compiled
+    kernel's launcher built as Triton 3.6 builds it: a ``CudaLauncher`` whose ``launch`` is the closure
+    ``wrap_handle_tensordesc`` makes around the C launcher. None for anything else (another Triton or
+    backend, descriptors Triton did not lower to TMA maps, a kernel that needs scratch memory)."""
+    inner = getattr(run, "launch", None)
+    if (make_tensordesc_arg is None or type(run).__name__ != "CudaLauncher"
+            or getattr(run, "global_scratch_size", 1) != 0 or getattr(run, "profile_scratch_size", 1) != 0
+            or getattr(inner, "__closure__", None) is None):
+        return None
+    cells = dict(zip(inner.__code__.co_freevars, (c.cell_contents for c in inner.__closure__)))
+    if not {"launcher", "tensordesc_indices", "tensordesc_meta"} <= cells.keys() or not cells["tensordesc_meta"] \
+            or any(m is None for m in cells["tensordesc_meta"]):
+        return None
+    return (cells["launcher"], run.launch_cooperative_grid, run.launch_pdl, frozenset(cells["tensordesc_indices"]),
+            list(cells["tensordesc_meta"]))
 
 
 def _entry(kernel, compiled, n_args: int, constexprs: dict):
@@ -171,7 +200,7 @@ class Bound:
     full argument list, as an unbound launch would."""
 
     __slots__ = ("kernel", "grid", "scalars", "constexprs", "compiled", "device", "classes", "knobs", "launch",
-                 "descs")
+                 "descs", "raw", "encoded")
 
     def __init__(self, kernel, grid, n_tensors: int, args: tuple, constexprs: dict, compiled, entry, device,
                  over: tuple = ()):
@@ -183,11 +212,65 @@ class Bound:
         places = [i for i, a in enumerate(self.scalars) if isinstance(a, TensorDescriptor)]
         self.descs = tuple((i, j, self.scalars[i], tuple(args[j].shape), args[j].stride()) for i, j in zip(places, over))
         self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
-        self.launch = None
+        self.launch = self.raw = None
+        self.encoded = [{} for _ in self.descs]  # per descriptor: tensor address -> its encoding for the launcher
         if entry is not None and entry is not _JIT_ONLY:
             run, function, metadata, tail, _ = entry
             g = (*grid, 1, 1)
             self.launch = run, (g[0], g[1], g[2]), (function, metadata, None, None, None), (*self.scalars, *tail)
+            if self.descs:
+                self.raw = self._raw_plan(run, function, metadata, (g[0], g[1], g[2]), n_tensors, tail)
+
+    def _raw_plan(self, run, function, metadata, grid3, n_tensors: int, tail: tuple):
+        """How a call reaches the C launcher with its descriptors encoded here: (launcher, the arguments before
+        the kernel's, the kernel's arguments after the tensors as pieces: a tuple of fixed values or the index
+        of a descriptor in self.descs, each descriptor's metadata), or None (Triton's wrapper then runs)."""
+        raw = _unwrapped(run)
+        if raw is None:
+            return None
+        launcher, coop, pdl, indices, meta = raw
+        places = {n_tensors + i: k for k, (i, *_rest) in enumerate(self.descs)}  # kernel parameter -> descriptor
+        if set(places) != set(indices):
+            return None
+        order = sorted(indices)  # Triton's metadata lists the descriptors in parameter order
+        metas = [meta[order.index(n_tensors + i)] for i, *_rest in self.descs]
+        pieces, fixed = [], []
+        for p, value in enumerate((*self.scalars, *tail), start=n_tensors):
+            if p in places:
+                pieces += [tuple(fixed), places[p]]
+                fixed = []
+            else:
+                fixed.append(value)
+        pieces.append(tuple(fixed))
+        return launcher, (*grid3, None, function, coop, pdl, None, None, metadata, None, None, None), tuple(pieces), metas
+
+    def _raw_call(self, tensors) -> None:
+        """The launch through the C launcher, each descriptor's encoding made once per tensor address."""
+        launcher, head, pieces, metas = self.raw
+        args = list(head)
+        args[3] = driver.active.get_current_stream(self.device)
+        args += tensors
+        for piece in pieces:
+            if type(piece) is tuple:
+                args += piece
+                continue
+            i, j, desc, shape, strides = self.descs[piece]
+            t = tensors[j]
+            if t.shape != shape or t.stride() != strides:
+                raise ValueError(f"a bound launch's host descriptor was made over a tensor of shape {shape} and "
+                                 f"strides {strides}; this call passes {tuple(t.shape)}, {t.stride()} in its place")
+            cache = self.encoded[piece]
+            enc = cache.get(t.data_ptr())
+            if enc is None:
+                d = object.__new__(TensorDescriptor)
+                d.__dict__.update(desc.__dict__)
+                d.base = t
+                enc = tuple(make_tensordesc_arg(d, metas[piece]))
+                if len(cache) >= DESC_CACHE:
+                    cache.clear()
+                cache[t.data_ptr()] = enc
+            args += enc
+        launcher(*args)
 
     def _rebase(self, tensors, values: tuple) -> tuple:
         """``values`` (the scalars, then anything after them) with each bound descriptor rebased on this call's
@@ -210,10 +293,13 @@ class Bound:
                 and tensor_classes(tensors) == self.classes
                 and (knobs.runtime.debug, knobs.compilation.instrumentation_mode) == self.knobs
                 and driver.active.get_current_device() == self.device):
-            run, head, rest, tail = L
-            if self.descs:
-                tail = self._rebase(tensors, tail)
-            run(*head, driver.active.get_current_stream(self.device), *rest, *tensors, *tail)
+            if self.raw is not None:
+                self._raw_call(tensors)
+            else:
+                run, head, rest, tail = L
+                if self.descs:
+                    tail = self._rebase(tensors, tail)
+                run(*head, driver.active.get_current_stream(self.device), *rest, *tensors, *tail)
             stats["bound"] += 1
             return self.compiled
         scalars = self._rebase(tensors, self.scalars) if self.descs else self.scalars
