@@ -71,6 +71,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels38")      # plans for host descriptors; lazy rescale
 #                run(command="bash benchmarks/gpu_session.sh kernels39")      #   the N=1K step's host time, per part
 #                run(command="bash benchmarks/gpu_session.sh kernels40")      #   host descriptors encoded once per address
+#                run(command="bash benchmarks/gpu_session.sh kernels41")      #   one threshold: the N=1K step again
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -917,6 +918,15 @@ kernels40)  # issue 12: a Bound with host descriptors calls the C launcher itsel
     --seq-lens 1024 2048 --variant HOST_DESC_MIN_N=4096 --out "$OUT/flash_attention_hostraw_inference_h200.json" \
     > /tmp/inf.txt 2>&1
   echo "inference rc=$?"; sed -n '/median ratio/,$p' /tmp/inf.txt; grep -E "Error" /tmp/inf.txt | head -3 ;;
+kernels41)  # issue 12: HOST_DESC_MIN_N_LSE removed (training takes host descriptors from HOST_DESC_MIN_N, 1K, like
+  # inference; kernels37-40 set it with --fa-set, so they run at commits before this one). The compiled tests of the
+  # default paths, then the N=1K training step as kernels16 and 37 ran it (chapter 6's N=1K targets read it; ~3 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    -k "training_default_path or host_desc or graph or fwd_plan or plan_replay" 2>/dev/null | run_shards kernel_tests_kernels41 8 150
+  timeout 110 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_kernels41_h200.json" > "$OUT/flash_attention_n1k_kernels41_h200.txt" 2>&1
+  echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels41_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -147,31 +147,24 @@ def test_fwd_plan_gives_warp_specialized_versions_the_lse_only_through_the_descr
                 assert fwd_plan(128, torch.bfloat16, causal, n, n, interpreted=False)[0] not in ("v3", "v5")
     monkeypatch.undo()
     for need_lse in (True, False):  # causal, or a length off the 128 grid: never v5
-        least = fa.HOST_DESC_MIN_N_LSE if need_lse else fa.HOST_DESC_MIN_N  # (v2 with host descriptors from there)
-        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False,
-                        need_lse=need_lse)[0] == ("v2" if 1024 >= least else "v1")
+        assert fwd_plan(128, torch.bfloat16, True, 1024, 1024, interpreted=False,  # (v2 with host descriptors from
+                        need_lse=need_lse)[0] == ("v2" if 1024 >= fa.HOST_DESC_MIN_N else "v1")  # HOST_DESC_MIN_N)
         assert fwd_plan(128, torch.bfloat16, False, 1000, 1024, interpreted=False, need_lse=need_lse)[0] == "v1"
     assert fwd_plan(64, torch.bfloat16, False, 4096, 4096, interpreted=False) == ("v2", 1)
 
 
 @pytest.mark.parametrize("need_lse", [False, True])
 def test_fwd_plan_takes_v2_with_host_descriptors_only_where_measured(need_lse):
-    """D=128 causal from HOST_DESC_MIN_N queries and keys (HOST_DESC_MIN_N_LSE for a call that needs the LSE, a
-    training step, which is host-bound when short), both on the 128 grid: v2 (with host descriptors, which
-    host_descriptors_pay grants); shorter, a short query block over a long cache, non-causal, D=64, off the grid,
-    fp32 or interpreted: not."""
+    """D=128 causal from HOST_DESC_MIN_N queries and keys, both on the 128 grid, for inference and training alike:
+    v2 (with host descriptors, which host_descriptors_pay grants); shorter, a short query block over a long cache,
+    non-causal, D=64, off the grid, fp32 or interpreted: not."""
     from minillm.kernels import flash_attention as fa
 
     def plan(d, dtype, causal, nq, nk, interpreted=False):
         return fa.fwd_plan(d, dtype, causal, nq, nk, interpreted=interpreted, need_lse=need_lse)
 
-    def pay(impl, d, causal, nq, nk):
-        return fa.host_descriptors_pay(impl, d, causal, nq, nk, need_lse=need_lse)
-
-    n = fa.HOST_DESC_MIN_N_LSE if need_lse else fa.HOST_DESC_MIN_N
-    assert fa.HOST_DESC_MIN_N <= fa.HOST_DESC_MIN_N_LSE
-    if need_lse and fa.HOST_DESC_MIN_N <= n // 2:  # between the two: inference takes v2 there, training keeps v1
-        assert fa.fwd_plan(128, torch.bfloat16, True, n // 2, n // 2, interpreted=False, need_lse=False) == ("v2", 1)
+    pay = fa.host_descriptors_pay
+    n = fa.HOST_DESC_MIN_N
     assert plan(128, torch.bfloat16, True, n, n) == ("v2", 1)
     assert plan(128, torch.float16, True, 2 * n, 2 * n) == ("v2", 1)
     long = fa.SPLIT_MIN_N  # from there the two-launch v6, on the same grid
@@ -212,7 +205,6 @@ def test_forward_default_host_descriptors_where_they_pay(monkeypatch):
     from minillm.kernels import flash_attention as fa
 
     monkeypatch.setattr(fa, "HOST_DESC_MIN_N", 128)
-    monkeypatch.setattr(fa, "HOST_DESC_MIN_N_LSE", 128)  # (the calls below need the LSE)
     monkeypatch.setattr(fa, "fast_path_on", lambda: True)  # plans on (the launches still go through the interpreter)
     plan = fa.fwd_plan
     monkeypatch.setattr(fa, "fwd_plan", lambda *a, **kw: plan(*a, **{**kw, "interpreted": False}))
@@ -770,15 +762,15 @@ def test_flash_attention_gpu_lse_matches_float64(fwd_impl):
 def test_flash_attention_gpu_training_default_path(causal, n, d):
     """Forward and backward as training runs them (defaults, autograd): at D=128 and lengths that are
     multiples of 128, where inference runs v5, up to and past the 1K queries below which the backward
-    runs v2, at D=64 with v2's 4-warp tile, and at 4K, where the causal forward is v2 with host descriptors
-    (HOST_DESC_MIN_N_LSE; below it v1): gradients within 3x (+eps) of math attention's error."""
+    runs v2, at D=64 with v2's 4-warp tile, and from HOST_DESC_MIN_N, where the causal forward is v2 with host
+    descriptors (below it v1): gradients within 3x (+eps) of math attention's error."""
     from minillm.kernels import flash_attention as fa
 
     q, k, v = make(2, 8, 8, n, n, d, torch.bfloat16, seed=23)
     assert_gradients_within_math_rule(q, k, v, causal, lambda *t: flash_attention(*t, causal=causal), seed=24)
-    if causal and d == 128 and fa.HOST_DESC_MIN_N_LSE <= n < fa.SPLIT_MIN_N:  # training: the LSE's threshold
+    if causal and d == 128 and fa.HOST_DESC_MIN_N <= n < fa.SPLIT_MIN_N:
         assert fa.last_forward_impl == "v2"
-    elif causal and d == 128 and n < fa.HOST_DESC_MIN_N_LSE:
+    elif causal and d == 128 and n < fa.HOST_DESC_MIN_N:
         assert fa.last_forward_impl == "v1"
 
 
@@ -828,7 +820,7 @@ def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc):
     written into the captured inputs, it gives the eager step's outputs and gradients on those values."""
     from minillm.kernels import flash_attention as fa
 
-    n = fa.HOST_DESC_MIN_N_LSE if host_desc else 512
+    n = fa.HOST_DESC_MIN_N if host_desc else 512
     g = torch.Generator(device="cuda").manual_seed(n)
     q, k, v, do = (torch.randn(1, 4, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     for t in (q, k, v):

@@ -437,9 +437,9 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
     ``return_lse`` get it only while the LSE goes through the descriptor store (WS_LSE_STORE = 2):
     through pointers, Triton 3.6 drops that store under warp specialization
     (results/forward_repeats_lse_h200.json, ws_lse_h200.json). D<=64 non-causal past N=1K: v2, TMA.
-    D=128 causal from HOST_DESC_MIN_N queries and keys (HOST_DESC_MIN_N_LSE for calls that need the LSE;
-    multiples of 128): v2 with host descriptors (``host_descriptors_pay``), and from SPLIT_MIN_N the two-launch
-    v6. Everything else: v1. fp32 and the interpreter: v1.
+    D=128 causal from HOST_DESC_MIN_N queries and keys (multiples of 128): v2 with host descriptors
+    (``host_descriptors_pay``), and from SPLIT_MIN_N the two-launch v6. Everything else: v1. fp32 and the
+    interpreter: v1.
     """
     if interpreted or dtype == torch.float32 or D > 128:
         return "v1", 1
@@ -447,10 +447,9 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
         return "v5", 1
     if D <= 64 and not causal and nk > 1024:
         return "v2", 1
-    if (D == 128 and causal and min(nq, nk) >= SPLIT_MIN_N and nq % 128 == 0 and nk % 128 == 0
-            and WS_LSE_STORE == 2):
+    if _causal_128_grid(D, causal, nq, nk) and min(nq, nk) >= SPLIT_MIN_N and WS_LSE_STORE == 2:
         return "v6", 1
-    if host_descriptors_pay("v2", D, causal, nq, nk, need_lse):
+    if host_descriptors_pay("v2", D, causal, nq, nk):
         return "v2", 1
     return "v1", 1
 
@@ -462,15 +461,14 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # with the descriptors built in the kernel v2 ran behind v1, so a call the host path cannot take runs v1. At 1K and
 # 2K, on 64 x 64 tiles, v2 with host descriptors ran 5.2 / 6.0% ahead of v1 from CUDA graphs
 # (results/flash_attention_tune_oneloop_h200.json) and 5.3-6.8% eagerly in two runs
-# (results/flash_attention_tune_hostdesc_short_e1_h200.json, _e2_); below 1K it was not measured.
+# (results/flash_attention_tune_hostdesc_short_e1_h200.json, _e2_); below 1K it was not measured. Training calls
+# (which need the LSE) took the path only from 2K for a while: a host-descriptor call then kept no launch plan and went
+# through Triton's descriptor wrapper, and the short training step, bound by the host, ran 16% slower eagerly at 1K
+# (results/flash_attention_hostlse_1024_h200.json against _4096_); plans alone did not help (_hostplan_1024_ against
+# _2048_). With launch.Bound encoding the descriptors once per address, the 1K step took 0.486 ms against 0.489 with
+# v1 eagerly and 0.478 against 0.484 from CUDA graphs (_hostraw_1024_ against _2048_), and inference ran 5-7% faster
+# than v1 at 1K and 2K, eagerly and from graphs (_hostraw_inference_): one threshold again, for every call.
 HOST_DESC_MIN_N = 1024
-# ... and for calls that need the log-sum-exp (training, return_lse): from this many. Measured while a call with host
-# descriptors kept no launch plan (before launch.bind rebased descriptors), so the host did more per call, and a
-# short training step is bound by the host: with the forward there from 1K, the eager d=128 causal forward + backward at N=1K took
-# 0.633 ms in the grid against 0.496 ms before (results/flash_attention_h200.json against _grid_kernels26_h200.json).
-# Side by side (results/flash_attention_hostlse_1024_h200.json against _4096_): at 1K, 0.572 ms against 0.492 eagerly
-# (0.477 against 0.484 from CUDA graphs); at 2K, 1.529 against 1.579 eagerly and 1.536 against 1.575 from graphs.
-HOST_DESC_MIN_N_LSE = 2048
 # ... and its tiles there: 64 x 64 (4 warps, 3 stages) below this many keys, 128 x 128 (8 warps) from it. Side by
 # side in one process, 64 x 64 ran 1.6 / 4.1% faster from CUDA graphs and 2.9% eagerly at 4K, tied at 8K (-0.2 to
 # +1.1%), and at 16K tied from graphs (-0.3 / +0.4%) but lost 11.8% eagerly
@@ -489,9 +487,13 @@ def causal_group_heads(num_m: int, bh: int) -> int:
     return max(1, min(bh, -(-CAUSAL_GROUP_PROGRAMS // num_m)))
 
 
-def host_descriptors_pay(impl: str, D: int, causal: bool, nq: int, nk: int, need_lse: bool = False) -> bool:
-    least = HOST_DESC_MIN_N_LSE if need_lse else HOST_DESC_MIN_N
-    return impl == "v2" and D == 128 and causal and min(nq, nk) >= least and nq % 128 == 0 and nk % 128 == 0
+def _causal_128_grid(D: int, causal: bool, nq: int, nk: int) -> bool:
+    """Where the causal D=128 defaults past v1 were measured: both lengths multiples of 128."""
+    return D == 128 and causal and nq % 128 == 0 and nk % 128 == 0
+
+
+def host_descriptors_pay(impl: str, D: int, causal: bool, nq: int, nk: int) -> bool:
+    return impl == "v2" and _causal_128_grid(D, causal, nq, nk) and min(nq, nk) >= HOST_DESC_MIN_N
 
 
 # How the warp-specialized forwards (v3, v5) store the log-sum-exp (``_fwd_tile_tma``'s LSE_STORE). Through
@@ -627,7 +629,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     if (PLANS and config is None and programs_per_sm is None and lse_store is None and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
         plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE, TMA_HOST_DESCRIPTORS,
-                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_MIN_N_LSE, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
+                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
                     SPLIT_PARTIAL_FP32, SPLIT_MIN_N)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
@@ -645,7 +647,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     if impl is None:
         impl, per_sm = fwd_plan(D, q.dtype, causal, Nq, Nk, need_lse=need_lse)
         programs_per_sm = programs_per_sm or per_sm
-        if config is None and host_descriptors_pay(impl, D, causal, Nq, Nk, need_lse):
+        if config is None and host_descriptors_pay(impl, D, causal, Nq, Nk):
             host_desc = True  # (the host path needs contiguous tensors: else v1, below)
             if not all(t.is_contiguous() for t in (q, k, v)):
                 impl = "v1"
