@@ -265,6 +265,10 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 #   SPLIT_PARTIAL_FP32) and the LSE of the keys seen so far (through the descriptor store). The second,
 #   _fwd_resume_kernel, runs the masked diagonal tiles from that state, on smaller tiles (RESUME_CONFIG).
 #   Non-causal calls of v6 are v3.
+# * Tried on v2 / v4 and reverted (commit f276f0d): FA4's lazy rescale, where a row keeps its running max until a
+#   tile passes it by more than 8 (log2 units) and the accumulator is rescaled only when some row moved. The
+#   branch needs a reduction over the whole tile each step; it ran 33-38% slower at causal d=128 1K-4K (64 x 64
+#   tiles) and 3-5% at 8K and at d=64 (results/flash_attention_lazy_h200.json, _lazy64_).
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
