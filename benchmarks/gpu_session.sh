@@ -72,6 +72,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels39")      #   the N=1K step's host time, per part
 #                run(command="bash benchmarks/gpu_session.sh kernels40")      #   host descriptors encoded once per address
 #                run(command="bash benchmarks/gpu_session.sh kernels41")      #   one threshold: the N=1K step again
+#                run(command="bash benchmarks/gpu_session.sh kernels42")      #   the session's last code, compiled tests
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -927,6 +928,11 @@ kernels41)  # issue 12: HOST_DESC_MIN_N_LSE removed (training takes host descrip
     --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
     --out "$OUT/flash_attention_n1k_kernels41_h200.json" > "$OUT/flash_attention_n1k_kernels41_h200.txt" 2>&1
   echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels41_h200.txt" ;;
+kernels42)  # issue 12, the session's last code (raw launch with cached descriptor encodings, one threshold,
+  # PLAN_SETTINGS): the launch tests, then every flash attention test but the heavy parametrizations, compiled (~6 min)
+  python3 -m pytest -q -p no:cacheprovider tests/test_kernels_launch.py > "$OUT/kernel_tests_kernels42_launch.txt" 2>&1
+  echo "launch rc=$?"; tail -1 "$OUT/kernel_tests_kernels42_launch.txt"
+  flash_shards kernel_tests_kernels42 14 270 "not ($HEAVY)" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

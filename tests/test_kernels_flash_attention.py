@@ -875,6 +875,57 @@ def test_remember_keeps_at_most_max_plans(monkeypatch):
         assert len(fa._plans) <= 2 and fa._plans[("key", i)] == i
 
 
+def _names_read(fn) -> set:
+    """The global names a function's code reads, its nested functions' included."""
+    names, todo = set(), [fn.__code__]
+    while todo:
+        code = todo.pop()
+        names |= set(code.co_names)
+        todo += [c for c in code.co_consts if hasattr(c, "co_names")]
+    return names
+
+
+def test_plan_settings_cover_every_setting_the_decisions_read():
+    """A forward plan is keyed by PLAN_SETTINGS: every upper-case module global that the forward's decisions read is
+    either there or one of the fixed tables (version names, the interpreter flag, log2(e)), so a new setting that
+    is read but not keyed fails here instead of replaying stale plans. And setting one makes the next call decide
+    again."""
+    from minillm.kernels import flash_attention as fa
+
+    fixed = {"INTERPRETED", "LOG2E", "FWD_IMPLS", "WS_IMPLS", "SPLIT_IMPLS", "NO_WS", "PLANS", "MAX_PLANS",
+             "PLAN_SETTINGS", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"}
+    read = set()
+    for fn in (fa._forward, fa.fwd_plan, fa.host_descriptors_pay, fa._causal_128_grid, fa._blocks,
+               fa.causal_group_heads, fa._tma_ok, fa._num_sms):
+        read |= {n for n in _names_read(fn) if n.lstrip("_").replace("_", "").isupper() and hasattr(fa, n)}
+    assert read - fixed <= set(fa.PLAN_SETTINGS), sorted(read - fixed - set(fa.PLAN_SETTINGS))
+    assert all(hasattr(fa, n) for n in fa.PLAN_SETTINGS)
+
+
+def test_plan_replays_until_a_setting_changes(monkeypatch):
+    """With plans on (forced; the launches go through the interpreter), a second call of a shape replays; after a
+    setting in PLAN_SETTINGS changes, the next call decides again under a key of its own."""
+    from minillm.kernels import flash_attention as fa
+
+    monkeypatch.setattr(fa, "fast_path_on", lambda: True)
+    q, k, v = make(1, 2, 1, 32, 32, 16, torch.float32, seed=3)
+    fa._forward(q, k, v, True, 0.25)
+    fa._forward(q, k, v, True, 0.25)
+    assert len(fa._plans) == 1
+    for name in fa.PLAN_SETTINGS:
+        value = getattr(fa, name)
+        monkeypatch.setattr(fa, name, (value, "changed") if isinstance(value, tuple) else not value
+                            if isinstance(value, bool) else value + 1)
+        before = len(fa._plans)
+        decided = []
+        real = fa.fwd_plan
+        monkeypatch.setattr(fa, "fwd_plan", lambda *a, **kw: decided.append(1) or real(*a, **kw))
+        fa._forward(q, k, v, True, 0.25)  # (this shape runs v1 in the interpreter: no setting here breaks it)
+        assert decided and len(fa._plans) == before + 1, name
+        monkeypatch.setattr(fa, name, value)
+        monkeypatch.setattr(fa, "fwd_plan", real)
+
+
 def test_plans_are_off_in_the_interpreter():
     if DEVICE == "cuda":
         pytest.skip("the interpreter path")

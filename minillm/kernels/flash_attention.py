@@ -573,6 +573,12 @@ def _num_sms(device) -> int:
 # are correct, but not necessarily the same bits. At N=1K a training step was host-bound, and this Python
 # ran on autograd's device thread (results/autograd_handoff_h200.json).
 PLANS = True  # the switch (benchmarks turn it off to measure what plans save)
+# The module settings the forward's decisions read (fwd_plan, host_descriptors_pay, _blocks, causal_group_heads and
+# _forward itself). A forward plan is keyed by their values, so setting one (a benchmark's --fa-set, a test's
+# monkeypatch) makes the next call of every shape decide again; a setting left out would replay stale plans
+# (tests/test_kernels_flash_attention.py checks this list against the names those functions read).
+PLAN_SETTINGS = ("WS_LSE_STORE", "TMA_HOST_DESCRIPTORS", "CAUSAL_GROUP_PROGRAMS", "HOST_DESC_MIN_N",
+                 "HOST_DESC_SMALL_TILES_BELOW", "RESUME_CONFIG", "SPLIT_PARTIAL_FP32", "SPLIT_MIN_N")
 _plans: dict = {}
 MAX_PLANS = 1024  # past this many keys (varying shapes) the cache starts over
 
@@ -632,9 +638,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     plan_key = None
     if (PLANS and config is None and programs_per_sm is None and lse_store is None and fast_path_on()
             and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1):
-        plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, WS_LSE_STORE, TMA_HOST_DESCRIPTORS,
-                    CAUSAL_GROUP_PROGRAMS, HOST_DESC_MIN_N, HOST_DESC_SMALL_TILES_BELOW, RESUME_CONFIG,
-                    SPLIT_PARTIAL_FP32, SPLIT_MIN_N)
+        g = globals()
+        plan_key = ("fwd", _layout(q, k, v), q.device, causal, scale, impl, need_lse, *[g[n] for n in PLAN_SETTINGS])
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
