@@ -73,6 +73,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels40")      #   host descriptors encoded once per address
 #                run(command="bash benchmarks/gpu_session.sh kernels41")      #   one threshold: the N=1K step again
 #                run(command="bash benchmarks/gpu_session.sh kernels42")      #   the session's last code, compiled tests
+#                run(command="bash benchmarks/gpu_session.sh kernels43")      #   after review: A/B step study, tests again
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -109,7 +110,7 @@ run_shards() {
   grep '::' > "$S/ids"
   split -n "r/$n" "$S/ids" "$S/shard."
   for f in "$S"/shard.*; do
-    ( mapfile -t ids < "$f"; timeout -s INT -k 30 "$limit" python3 -m pytest -q -p no:cacheprovider -rfE "${ids[@]}" \
+    ( mapfile -t ids < "$f"; timeout -s INT -k 30 "$limit" python3 -m pytest -q -p no:cacheprovider -rfEs "${ids[@]}" \
         > "$T.${f##*.}.txt" 2>&1 ) &
   done
   wait
@@ -933,6 +934,16 @@ kernels42)  # issue 12, the session's last code (raw launch with cached descript
   python3 -m pytest -q -p no:cacheprovider tests/test_kernels_launch.py > "$OUT/kernel_tests_kernels42_launch.txt" 2>&1
   echo "launch rc=$?"; tail -1 "$OUT/kernel_tests_kernels42_launch.txt"
   flash_shards kernel_tests_kernels42 14 270 "not ($HEAVY)" ;;
+kernels43)  # issue 12, after the review: the training step with host descriptors from 1K (the default) against from
+  # 4K (v1 at 1K and 2K), side by side in one process in 5 rounds, with the descriptors encoded per step; then the
+  # launch tests and every flash test but the heavy ones, compiled, with skip reasons (-rs) (~6 min)
+  timeout 200 python3 benchmarks/flash_attention_step_study.py --points 128:1024:causal 64:1024:causal 128:2048:causal \
+    --variant HOST_DESC_MIN_N=4096 --out "$OUT/flash_attention_step_study_h200.json" > /tmp/study.txt 2>&1
+  echo "study rc=$?"; sed -n '/median over rounds/,$p' /tmp/study.txt; grep -E "Error" /tmp/study.txt | head -3
+  grep -oE "(minillm|variant) +eager.*encoded/step [0-9.]+" /tmp/study.txt | grep -oE "^[a-z]+|encoded/step [0-9.]+" | paste - - | sort | uniq -c
+  python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_launch.py > "$OUT/kernel_tests_kernels43_launch.txt" 2>&1
+  echo "launch rc=$?"; tail -1 "$OUT/kernel_tests_kernels43_launch.txt"
+  flash_shards kernel_tests_kernels43 14 270 "not ($HEAVY)"; grep -h "^SKIPPED" "$OUT/kernel_tests_kernels43.txt" | cut -c1-160 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -128,7 +128,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--host-profile", action="store_true", help="cProfile minillm's host functions too")
     ap.add_argument("--fa-set", nargs="*", default=[], metavar="NAME=VALUE",
-                    help="set minillm.kernels.flash_attention constants for the run (e.g. HOST_DESC_MIN_N_LSE=1024)")
+                    help="set minillm.kernels.flash_attention constants for the run (e.g. HOST_DESC_MIN_N=2048)")
     args = ap.parse_args(argv)
     settings = apply_settings(fa, args.fa_set)
     if not torch.cuda.is_available():

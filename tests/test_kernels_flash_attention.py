@@ -801,10 +801,13 @@ def test_flash_attention_host_descriptor_default_replays_on_new_tensors_gpu():
     outs = []
     for seed in (31, 32):
         q, k, v = make(1, 4, 2, n, n, 128, torch.bfloat16, seed=seed)
-        before = launch.stats["bound"]
+        before, encoded = launch.stats["bound"], launch.stats["encoded"]
         o = flash_attention(q, k, v, causal=True)
         assert fa.last_forward_impl == "v2" and any(key[0] == "fwd" for key in fa._plans)
         assert launch.stats["bound"] == before + (seed == 32)
+        if seed == 32:  # through the C launcher, the four descriptors (q, k, v, o: new addresses) encoded here
+            plan = next(p for key, p in fa._plans.items() if key[0] == "fwd")
+            assert plan[1].raw is not None and launch.stats["encoded"] == encoded + 4
         want = torch.nn.functional.scaled_dot_product_attention(
             q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), is_causal=True)
         assert (o.float() - want).abs().max().item() < 2e-2
@@ -836,6 +839,8 @@ def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc):
             step()
     torch.cuda.current_stream().wait_stream(side)
     assert fa.last_forward_impl == ("v2" if host_desc else "v1")
+    if host_desc:  # the replays go through the C launcher with their encodings (kernels39: the wrapper's cost)
+        assert next(p for key, p in fa._plans.items() if key[0] == "fwd")[1].raw is not None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
@@ -875,13 +880,22 @@ def test_remember_keeps_at_most_max_plans(monkeypatch):
         assert len(fa._plans) <= 2 and fa._plans[("key", i)] == i
 
 
-def _names_read(fn) -> set:
-    """The global names a function's code reads, its nested functions' included."""
-    names, todo = set(), [fn.__code__]
+def _names_read(module, fn) -> set:
+    """The global names a function's code reads, its nested functions' included, and those of every function of
+    ``module`` it calls, transitively (Triton kernels and other modules' functions are not followed)."""
+    import types
+
+    names, todo, seen = set(), [fn.__code__], set()
     while todo:
         code = todo.pop()
+        if code in seen:
+            continue
+        seen.add(code)
         names |= set(code.co_names)
         todo += [c for c in code.co_consts if hasattr(c, "co_names")]
+        todo += [getattr(module, n).__code__ for n in code.co_names
+                 if isinstance(getattr(module, n, None), types.FunctionType)
+                 and getattr(module, n).__module__ == module.__name__]
     return names
 
 
@@ -894,10 +908,8 @@ def test_plan_settings_cover_every_setting_the_decisions_read():
 
     fixed = {"INTERPRETED", "LOG2E", "FWD_IMPLS", "WS_IMPLS", "SPLIT_IMPLS", "NO_WS", "PLANS", "MAX_PLANS",
              "PLAN_SETTINGS", "SUPPORTED_DTYPES", "MAX_HEAD_DIM"}
-    read = set()
-    for fn in (fa._forward, fa.fwd_plan, fa.host_descriptors_pay, fa._causal_128_grid, fa._blocks,
-               fa.causal_group_heads, fa._tma_ok, fa._num_sms):
-        read |= {n for n in _names_read(fn) if n.lstrip("_").replace("_", "").isupper() and hasattr(fa, n)}
+    read = {n for n in _names_read(fa, fa._forward) if n.lstrip("_").replace("_", "").isupper() and hasattr(fa, n)}
+    assert {"SPLIT_MIN_N", "HOST_DESC_MIN_N", "CAUSAL_GROUP_PROGRAMS"} <= read  # (read through fwd_plan and others)
     assert read - fixed <= set(fa.PLAN_SETTINGS), sorted(read - fixed - set(fa.PLAN_SETTINGS))
     assert all(hasattr(fa, n) for n in fa.PLAN_SETTINGS)
 
@@ -909,16 +921,19 @@ def test_plan_replays_until_a_setting_changes(monkeypatch):
 
     monkeypatch.setattr(fa, "fast_path_on", lambda: True)
     q, k, v = make(1, 2, 1, 32, 32, 16, torch.float32, seed=3)
+    real = fa.fwd_plan
+    decided = []
+    monkeypatch.setattr(fa, "fwd_plan", lambda *a, **kw: decided.append(1) or real(*a, **kw))
     fa._forward(q, k, v, True, 0.25)
     fa._forward(q, k, v, True, 0.25)
-    assert len(fa._plans) == 1
+    assert len(fa._plans) == 1 and len(decided) == 1  # the second call replayed
+    monkeypatch.setattr(fa, "fwd_plan", real)
     for name in fa.PLAN_SETTINGS:
         value = getattr(fa, name)
         monkeypatch.setattr(fa, name, (value, "changed") if isinstance(value, tuple) else not value
                             if isinstance(value, bool) else value + 1)
         before = len(fa._plans)
         decided = []
-        real = fa.fwd_plan
         monkeypatch.setattr(fa, "fwd_plan", lambda *a, **kw: decided.append(1) or real(*a, **kw))
         fa._forward(q, k, v, True, 0.25)  # (this shape runs v1 in the interpreter: no setting here breaks it)
         assert decided and len(fa._plans) == before + 1, name

@@ -361,7 +361,8 @@ def _fake_cuda_launcher(monkeypatch, encodings):
     run = CudaLauncher()
     run.launch = nv.wrap_handle_tensordesc(lambda *a: recorded.append(a), signature, [{"tag": "x"}, {"tag": "y"}])
     run.global_scratch_size = run.profile_scratch_size = 0
-    run.launch_cooperative_grid, run.launch_pdl = False, True
+    run.launch_cooperative_grid, run.launch_pdl, run.num_ctas = False, True, 1
+    run.global_scratch_align = run.profile_scratch_align = 1
     return run, recorded
 
 
@@ -369,6 +370,8 @@ def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
     """A Bound with host descriptors calls the C launcher itself, with exactly the arguments Triton's own
     descriptor wrapper would pass for the same call (each descriptor as its encoding, shape and strides), and
     encodes a descriptor once per tensor address: a repeated call reuses it, a tensor elsewhere gets its own."""
+    from triton.backends.nvidia import driver as nv
+
     encodings = []
     run, recorded = _fake_cuda_launcher(monkeypatch, encodings)
     x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
@@ -380,7 +383,7 @@ def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
     b(x1, y1)
     ours = recorded.pop()
     d1 = b._rebase((x1, y1), b.scalars)  # what the wrapper gets: descriptors over this call's tensors
-    run.launch(4, 1, 1, 7, "fn", False, True, None, None, "meta", None, None, None, x1, y1, *d1, 16)
+    nv.CudaLauncher.__call__(run, 4, 1, 1, 7, "fn", "meta", None, None, None, x1, y1, *d1, 16)  # Triton's own path
     assert ours == recorded.pop()
     assert ours[13] is x1 and ours[14] is y1 and ours[15] == 64 and ours[16] == ("map", x1.data_ptr(), (16, 16), "x")
     n = len(encodings)
@@ -391,6 +394,27 @@ def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
     assert encodings[n:] == [y2.data_ptr()]
     with pytest.raises(ValueError, match="shape"):
         b(torch.zeros(32, 16), y2)
+
+
+def test_bound_raw_launch_keeps_an_encoding_per_address_across_layers(monkeypatch):
+    """One plan serves every layer of a model with the same shapes: cycling through 40 layers' tensors for three
+    steps encodes each descriptor once per address; past DESC_CACHE addresses the oldest encoding is dropped."""
+    encodings = []
+    run, recorded = _fake_cuda_launcher(monkeypatch, encodings)
+    x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
+    b = launch.Bound(None, (4,), 2, (x0, y0, 64, *_twice_descs(x0, y0)), {"BLOCK": 16}, None,
+                     (run, "fn", "meta", (16,), None), 0, over=(0, 1))
+    layers = [(torch.zeros(64, 16), torch.zeros(64, 16)) for _ in range(40)]
+    for _ in range(3):
+        for x, y in layers:
+            b(x, y)
+    assert len(encodings) == 2 * len(layers) and len(recorded) == 3 * len(layers)
+    monkeypatch.setattr(launch, "DESC_CACHE", 4)
+    b.encoded = [{} for _ in b.descs]
+    for x, y in layers[:6]:
+        b(x, y)
+    assert [list(c) for c in b.encoded] == [[x.data_ptr() for x, _ in layers[2:6]],  # the two oldest dropped
+                                            [y.data_ptr() for _, y in layers[2:6]]]
 
 
 def test_unwrapped_refuses_other_launchers(monkeypatch):

@@ -63,8 +63,8 @@ _SUPPORTED = INTERPRETED is False and knobs is not None and triton.__version__.s
 _I32 = (-2**31, 2**31)
 _entries: dict = {}  # (kernel, device, argument classes, constexpr items, Triton's debug and instrumentation
 # knobs) -> (launcher, function, metadata, tail, compiled kernel), or _JIT_ONLY
-stats = {"fast": 0, "slow": 0, "bound": 0}  # launches that skipped the binder (through fast_launch, and
-# through a Bound), and those that went through it
+stats = {"fast": 0, "slow": 0, "bound": 0, "encoded": 0}  # launches that skipped the binder (through fast_launch,
+# and through a Bound), those that went through it, and host descriptors a Bound encoded (cache misses)
 
 
 def _arg_class(a):
@@ -103,7 +103,9 @@ def tensor_classes(tensors) -> list:
 
 
 _JIT_ONLY = object()  # the entry of a class that always goes through kernel[grid]
-DESC_CACHE = 16  # encoded descriptors a Bound keeps per descriptor parameter (one per tensor address)
+DESC_CACHE = 1024  # encoded descriptors a Bound keeps per descriptor parameter, one per tensor address (one plan
+# serves every layer of a model with the same shapes, each layer's tensors at addresses of their own); past it the
+# oldest is dropped
 
 
 def _unwrapped(run):
@@ -262,29 +264,28 @@ class Bound:
             cache = self.encoded[piece]
             enc = cache.get(t.data_ptr())
             if enc is None:
-                d = object.__new__(TensorDescriptor)
-                d.__dict__.update(desc.__dict__)
+                d = object.__new__(TensorDescriptor)  # (the bound one's fields, checked when it was made; the class
+                d.__dict__.update(desc.__dict__)      # check above kept the dtype and 16-byte alignment)
                 d.base = t
                 enc = tuple(make_tensordesc_arg(d, metas[piece]))
                 if len(cache) >= DESC_CACHE:
-                    cache.clear()
+                    del cache[next(iter(cache))]  # the oldest (dicts keep insertion order)
                 cache[t.data_ptr()] = enc
+                stats["encoded"] += 1
             args += enc
         launcher(*args)
 
     def _rebase(self, tensors, values: tuple) -> tuple:
-        """``values`` (the scalars, then anything after them) with each bound descriptor rebased on this call's
-        tensor in its place."""
+        """``values`` (the scalars, then anything after them) with each bound descriptor made anew over this call's
+        tensor in its place (through TensorDescriptor, whose checks run: this is the path of calls outside the
+        bound class, a misaligned tensor among them)."""
         values = list(values)
         for i, j, desc, shape, strides in self.descs:
             t = tensors[j]
             if t.shape != shape or t.stride() != strides:
                 raise ValueError(f"a bound launch's host descriptor was made over a tensor of shape {shape} and "
                                  f"strides {strides}; this call passes {tuple(t.shape)}, {t.stride()} in its place")
-            d = object.__new__(TensorDescriptor)  # (the bound one's fields, checked when it was made; a new base)
-            d.__dict__.update(desc.__dict__)
-            d.base = t
-            values[i] = d
+            values[i] = TensorDescriptor(t, desc.shape, desc.strides, desc.block_shape, desc.padding)
         return tuple(values)
 
     def __call__(self, *tensors):
