@@ -74,6 +74,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels41")      #   one threshold: the N=1K step again
 #                run(command="bash benchmarks/gpu_session.sh kernels42")      #   the session's last code, compiled tests
 #                run(command="bash benchmarks/gpu_session.sh kernels43")      #   after review: A/B step study, tests again
+#                run(command="bash benchmarks/gpu_session.sh kernels44")      #   which training steps capture in a graph
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -944,6 +945,10 @@ kernels43)  # issue 12, after the review: the training step with host descriptor
   python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_launch.py > "$OUT/kernel_tests_kernels43_launch.txt" 2>&1
   echo "launch rc=$?"; tail -1 "$OUT/kernel_tests_kernels43_launch.txt"
   flash_shards kernel_tests_kernels43 14 270 "not ($HEAVY)"; grep -h "^SKIPPED" "$OUT/kernel_tests_kernels43.txt" | cut -c1-160 ;;
+kernels44)  # issue 12: do_bench_cudagraph failed to capture the host-descriptor training step the first time per shape
+  # (kernels39, 40, 43); each trial in a fresh process (~2 min)
+  timeout 400 python3 benchmarks/check_graph_capture.py --out "$OUT/graph_capture_h200.json" > /tmp/cap.txt 2>&1
+  echo "capture rc=$?"; cut -c1-330 /tmp/cap.txt ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
