@@ -27,6 +27,9 @@ TRIALS = {  # name: (settings, how, launch path)
     "hostdesc_test_style": ({}, "test", "plans"),
     "hostdesc_dobench_forward_only": ({}, "dobench_fwd", "plans"),
     "hostdesc_dobench_twice": ({}, "dobench_twice", "plans"),
+    "hostdesc_dobench_wrapper": ({}, "dobench", "plans_wrapper"),  # plans, but Triton's descriptor wrapper
+    "hostdesc_thread_local": ({}, "dobench_thread_local", "plans"),  # capture_error_mode="thread_local"
+    "hostdesc_dobench_noplan_fwd": ({}, "dobench", "plans_nofwdplan"),  # plans for the backward only
 }
 
 
@@ -40,7 +43,11 @@ def trial(name: str, n: int) -> dict:
     settings, how, path = TRIALS[name]
     for k, v in settings.items():
         setattr(fa, k, v)
-    launch.FAST_LAUNCH = fa.PLANS = path == "plans"
+    launch.FAST_LAUNCH = fa.PLANS = path != "jit"
+    if path == "plans_wrapper":
+        launch._unwrapped = lambda run: None
+    if path == "plans_nofwdplan":
+        fa._remember = lambda key, plan: fa._plans.__setitem__(key, plan) if key[0] == "bwd" else None
     g = torch.Generator(device="cuda").manual_seed(n)
     q0, k0, v0, do = (torch.randn(4, 32, n, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     q, k, v = (t.detach().requires_grad_() for t in (q0, k0, v0))
@@ -68,10 +75,11 @@ def trial(name: str, n: int) -> dict:
                 with torch.cuda.graph(graph):
                     step()
             else:
+                mode = "thread_local" if how == "dobench_thread_local" else "global"
                 with torch.cuda.stream(torch.cuda.Stream()):
                     step()
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
+                    with torch.cuda.graph(graph, capture_error_mode=mode):
                         for _ in range(4):
                             step()
             graph.replay()
@@ -88,6 +96,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048])
+    ap.add_argument("--only", nargs="*", help="these trials (default: every one)")
     ap.add_argument("--trial", help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -96,7 +105,7 @@ def main(argv=None):
         return
     rows = []
     for n in args.seq_lens:
-        for name in TRIALS:
+        for name in args.only or TRIALS:
             p = subprocess.run([sys.executable, __file__, "--trial", name, "--n", str(n)], capture_output=True,
                                text=True, timeout=120)
             last = [line for line in p.stdout.splitlines() if line.startswith("{")]

@@ -75,6 +75,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels42")      #   the session's last code, compiled tests
 #                run(command="bash benchmarks/gpu_session.sh kernels43")      #   after review: A/B step study, tests again
 #                run(command="bash benchmarks/gpu_session.sh kernels44")      #   which training steps capture in a graph
+#                run(command="bash benchmarks/gpu_session.sh kernels45")      #   ... and why not
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -948,6 +949,11 @@ kernels43)  # issue 12, after the review: the training step with host descriptor
 kernels44)  # issue 12: do_bench_cudagraph failed to capture the host-descriptor training step the first time per shape
   # (kernels39, 40, 43); each trial in a fresh process (~2 min)
   timeout 400 python3 benchmarks/check_graph_capture.py --out "$OUT/graph_capture_h200.json" > /tmp/cap.txt 2>&1
+  echo "capture rc=$?"; cut -c1-330 /tmp/cap.txt ;;
+kernels45)  # issue 12: kernels44 found the host-descriptor training step fails to capture only with plans; three more
+  # trials at 1K: plans through Triton's descriptor wrapper, thread-local capture mode, plans for the backward only
+  timeout 300 python3 benchmarks/check_graph_capture.py --seq-lens 1024 --only hostdesc_dobench_wrapper \
+    hostdesc_thread_local hostdesc_dobench_noplan_fwd hostdesc_dobench --out "$OUT/graph_capture2_h200.json" > /tmp/cap.txt 2>&1
   echo "capture rc=$?"; cut -c1-330 /tmp/cap.txt ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
