@@ -76,6 +76,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels43")      #   after review: A/B step study, tests again
 #                run(command="bash benchmarks/gpu_session.sh kernels44")      #   which training steps capture in a graph
 #                run(command="bash benchmarks/gpu_session.sh kernels45")      #   ... and why not
+#                run(command="bash benchmarks/gpu_session.sh kernels46")      #   the capture fix, checked
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -955,6 +956,13 @@ kernels45)  # issue 12: kernels44 found the host-descriptor training step fails 
   timeout 300 python3 benchmarks/check_graph_capture.py --seq-lens 1024 --only hostdesc_dobench_wrapper \
     hostdesc_thread_local hostdesc_dobench_noplan_fwd hostdesc_dobench --out "$OUT/graph_capture2_h200.json" > /tmp/cap.txt 2>&1
   echo "capture rc=$?"; cut -c1-330 /tmp/cap.txt ;;
+kernels46)  # issue 12: the fix (during a capture, a host-descriptor forward decides anew instead of replaying its plan):
+  # kernels44's failing trials again at 1K and 2K, then the compiled tests around it (~4 min)
+  timeout 300 python3 benchmarks/check_graph_capture.py --seq-lens 1024 2048 --only hostdesc_dobench hostdesc_test_style \
+    hostdesc_dobench_twice v1_dobench --out "$OUT/graph_capture_fixed_h200.json" > /tmp/cap.txt 2>&1
+  echo "capture rc=$?"; cut -c1-200 /tmp/cap.txt
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    -k "cuda_graph or host_desc or plan or training_default_path" 2>/dev/null | run_shards kernel_tests_kernels46 8 200 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
