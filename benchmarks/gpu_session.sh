@@ -76,7 +76,8 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels43")      #   after review: A/B step study, tests again
 #                run(command="bash benchmarks/gpu_session.sh kernels44")      #   which training steps capture in a graph
 #                run(command="bash benchmarks/gpu_session.sh kernels45")      #   ... and why not
-#                run(command="bash benchmarks/gpu_session.sh kernels46")      #   the capture fix, checked
+#                run(command="bash benchmarks/gpu_session.sh kernels46")      #   a first fix, which did not hold
+#                run(command="bash benchmarks/gpu_session.sh kernels47")      #   the cause, and its fix checked
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -963,6 +964,14 @@ kernels46)  # issue 12: the fix (during a capture, a host-descriptor forward dec
   echo "capture rc=$?"; cut -c1-200 /tmp/cap.txt
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
     -k "cuda_graph or host_desc or plan or training_default_path" 2>/dev/null | run_shards kernel_tests_kernels46 8 200 ;;
+kernels47)  # issue 12: the cause (a Bound kept the first call's tensors in its descriptors: with an output, the autograd
+  # graph of the first training step, whose gradient accumulators then broke later captures); the fix checked (~2 min)
+  timeout 60 python3 benchmarks/check_graph_capture.py --seq-lens 1024 --only hostdesc_dobench hostdesc_test_style \
+    --out "$OUT/graph_capture_kept_h200.json" > /tmp/cap.txt 2>&1
+  echo "capture rc=$?"; cut -c1-200 /tmp/cap.txt
+  timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    -k "cuda_graph or no_reference or replays_on_new_tensors" > "$OUT/kernel_tests_kernels47.txt" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels47.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -396,6 +396,24 @@ def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
         b(torch.zeros(32, 16), y2)
 
 
+def test_bound_keeps_no_reference_to_the_bound_tensors():
+    """A Bound made with host descriptors holds none of the first call's tensors (a plan would keep them alive, and
+    an autograd output's graph with them): once the caller drops them they are freed, and later calls still work."""
+    import gc
+    import weakref
+
+    x0 = torch.randn(64, 16, device=DEVICE)
+    y0 = torch.zeros_like(x0)
+    b = launch.bind(_twice_rows, (4,), 2, x0, y0, *_twice_descs(x0, y0), over=(0, 1), BLOCK=16)
+    refs = [weakref.ref(x0), weakref.ref(y0)]
+    del x0, y0
+    gc.collect()
+    assert all(r() is None for r in refs)
+    x1, y1 = torch.randn(64, 16, device=DEVICE), torch.zeros(64, 16, device=DEVICE)
+    b(x1, y1)
+    torch.testing.assert_close(y1, 2 * x1, atol=0, rtol=0)
+
+
 def test_bound_raw_launch_keeps_an_encoding_per_address_across_layers(monkeypatch):
     """One plan serves every layer of a model with the same shapes: cycling through 40 layers' tensors for three
     steps encodes each descriptor once per address; past DESC_CACHE addresses the oldest encoding is dropped."""

@@ -643,11 +643,6 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     plan = _plans.get(plan_key) if plan_key is not None else None
-    if plan is not None and getattr(plan[1], "descs", None) and not INTERPRETED and torch.cuda.is_current_stream_capturing():
-        # A training step whose forward replayed a host-descriptor plan failed to capture in a CUDA graph (and with the
-        # forward deciding anew it captured; results/graph_capture_h200.json, graph_capture2_h200.json; the cause was
-        # not found): while a capture is under way such a call decides anew, and keeps its plan for later calls.
-        plan, plan_key = None, None
     if plan is not None and (plan[0] == "v1" or o.data_ptr() % 16 == 0):  # (a TMA version needs o aligned too)
         ran, bound, keep_lse = plan  # a call seen before: the same launch, new tensors
         if ran != "v1" and not INTERPRETED:

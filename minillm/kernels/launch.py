@@ -210,9 +210,19 @@ class Bound:
         self.scalars, self.device = args[n_tensors:], device
         self.classes = tensor_classes(args[:n_tensors])
         # host descriptors (each over the tensor ``over`` names): (place among the scalars, tensor index, the
-        # descriptor, the tensor's shape and strides)
-        places = [i for i, a in enumerate(self.scalars) if isinstance(a, TensorDescriptor)]
-        self.descs = tuple((i, j, self.scalars[i], tuple(args[j].shape), args[j].stride()) for i, j in zip(places, over))
+        # descriptor without its base, the tensor's shape and strides). The Bound keeps no reference to the bound
+        # call's tensors: a plan would keep them alive, and with an output the autograd graph it carries (whose
+        # leaves' gradient accumulators, made on the stream of that first call, then broke the CUDA-graph capture
+        # of later training steps: results/graph_capture_h200.json)
+        scalars = list(self.scalars)
+        descs = []
+        for i, j in zip([i for i, a in enumerate(scalars) if isinstance(a, TensorDescriptor)], over):
+            d = object.__new__(TensorDescriptor)
+            d.__dict__.update(scalars[i].__dict__)
+            d.base = None
+            scalars[i] = d
+            descs.append((i, j, d, tuple(args[j].shape), args[j].stride()))
+        self.scalars, self.descs = tuple(scalars), tuple(descs)
         self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
         self.launch = self.raw = None
         self.encoded = [{} for _ in self.descs]  # per descriptor: tensor address -> its encoding for the launcher
