@@ -267,8 +267,8 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 #   Non-causal calls of v6 are v3.
 # * Tried on v2 / v4 and reverted (commit f276f0d): FA4's lazy rescale, where a row keeps its running max until a
 #   tile passes it by more than 8 (log2 units) and the accumulator is rescaled only when some row moved. The
-#   branch needs a reduction over the whole tile each step; it ran 33-38% slower at causal d=128 1K-4K (64 x 64
-#   tiles) and 3-5% at 8K and at d=64 (results/flash_attention_lazy_h200.json, _lazy64_).
+#   branch needs a reduction over the whole tile each step; it ran at 0.62-0.67x the default's speed at causal d=128
+#   1K-4K (64 x 64 tiles) and 0.95-0.97x at 8K and at d=64 (results/flash_attention_lazy_h200.json, _lazy64_).
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
