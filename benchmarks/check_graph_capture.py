@@ -103,18 +103,23 @@ def main(argv=None):
     if args.trial:  # one trial, in this process
         print(json.dumps(trial(args.trial, args.n)))
         return
+    from _common import run_meta, write_results
+
+    meta = run_meta(dtype="bfloat16", batch=4, heads=32, head_dim=128, causal=True, trials=TRIALS,
+                    captured="the capture and one replay raised no error (outputs not compared)")
     rows = []
     for n in args.seq_lens:
         for name in args.only or TRIALS:
-            p = subprocess.run([sys.executable, __file__, "--trial", name, "--n", str(n)], capture_output=True,
-                               text=True, timeout=120)
-            last = [line for line in p.stdout.splitlines() if line.startswith("{")]
-            row = json.loads(last[-1]) if last else {"trial": name, "N": n, "error": p.stderr[-300:]}
+            try:
+                p = subprocess.run([sys.executable, __file__, "--trial", name, "--n", str(n)], capture_output=True,
+                                   text=True, timeout=120)
+                last = [line for line in p.stdout.splitlines() if line.startswith("{")]
+                row = json.loads(last[-1]) if last else {"trial": name, "N": n, "error": p.stderr[-300:]}
+            except subprocess.TimeoutExpired:
+                row = {"trial": name, "N": n, "error": "timed out after 120 s"}
             rows.append(row)
+            write_results(args.out, meta, rows)
             print(json.dumps(row), flush=True)
-    from _common import run_meta, write_results
-
-    write_results(args.out, run_meta(dtype="bfloat16", batch=4, heads=32, head_dim=128, causal=True, trials=TRIALS), rows)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ results/attention_step_hostraw_*_h200.json). So a change to the host path is jud
 round visits every point and times minillm's default, the default with ``--variant``'s constants of
 ``minillm.kernels.flash_attention`` set for its calls only, and SDPA's FLASH backend (FA2) for reference, in an
 order that rotates from round to round. Each timing is a median (triton's do_bench), eager and replayed from a
-CUDA graph, on fresh leaf tensors per step as flash_attention_bwd_bench.py takes them. ``encoded_per_step`` counts
+CUDA graph, on leaf tensors made anew per provider and round, as flash_attention_bwd_bench.py takes them. ``encoded_per_step`` counts
 the host descriptors minillm's bound launches encoded per eager step (``launch.stats["encoded"]``: 0 once every
 tensor address has been seen). The summary gives, per point, the median over rounds of variant / default time.
 """
@@ -103,7 +103,7 @@ def main(argv=None):
             if not ratio:
                 continue
             summary.append({"D": d, "N": n, "causal": causal, "mode": mode, "variant_over_default": statistics.median(ratio),
-                            "min": min(ratio), "max": max(ratio)})
+                            "min": min(ratio), "max": max(ratio), "rounds_used": len(ratio)})
             print(f"D={d} N={n} causal={causal} {mode}: {statistics.median(ratio):.3f} [{min(ratio):.3f}, "
                   f"{max(ratio):.3f}]", flush=True)
     meta["summary"] = summary

@@ -822,8 +822,9 @@ def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc, 
     """A training step (forward, then autograd.grad) captured in a CUDA graph, D=128 causal, B=4, H=32, on the v1
     forward or on v2 with host descriptors: replayed on new values written into the captured inputs, it gives the
     eager step's outputs and gradients on those values. ``eager_first``: the step runs eagerly on the default stream
-    first (its plans made), then is captured on a new stream, as triton's do_bench_cudagraph does; with the forward
-    replaying its host-descriptor plan during capture this failed to capture (results/graph_capture_h200.json)."""
+    first (its plans made), then is captured on a new stream, as triton's do_bench_cudagraph does; this failed to
+    capture on host descriptors while their plan's Bound held the first step's tensors
+    (results/graph_capture*_h200.json)."""
     from minillm.kernels import flash_attention as fa
 
     n = fa.HOST_DESC_MIN_N if host_desc else 512

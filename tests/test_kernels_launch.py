@@ -414,6 +414,26 @@ def test_bound_keeps_no_reference_to_the_bound_tensors():
     torch.testing.assert_close(y1, 2 * x1, atol=0, rtol=0)
 
 
+def test_bound_raw_launch_keeps_no_reference_to_any_calls_tensors(monkeypatch):
+    """The same through the C-launcher path (a launcher built as Triton 3.6 builds one): neither the bound call's
+    tensors nor a replayed call's stay referenced by the Bound once the caller drops them."""
+    import gc
+    import weakref
+
+    run, recorded = _fake_cuda_launcher(monkeypatch, [])
+    x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
+    b = launch.Bound(None, (4,), 2, (x0, y0, 64, *_twice_descs(x0, y0)), {"BLOCK": 16}, None,
+                     (run, "fn", "meta", (16,), None), 0, over=(0, 1))
+    assert b.raw is not None
+    x1, y1 = torch.zeros(64, 16), torch.zeros(64, 16)
+    b(x1, y1)
+    refs = [weakref.ref(t) for t in (x0, y0, x1, y1)]
+    del x0, y0, x1, y1
+    recorded.clear()  # (the fake launcher's record of the call holds them)
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_bound_raw_launch_keeps_an_encoding_per_address_across_layers(monkeypatch):
     """One plan serves every layer of a model with the same shapes: cycling through 40 layers' tensors for three
     steps encodes each descriptor once per address; past DESC_CACHE addresses the oldest encoding is dropped."""
