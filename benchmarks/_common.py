@@ -76,3 +76,26 @@ def apply_settings(module, items) -> dict:
             sys.exit(f"--fa-set {item!r}: the value is not a Python literal")
         setattr(module, name, done[name])
     return done
+
+
+def parse_variant(module, items) -> tuple[dict, dict]:
+    """(the variant's {name: value}, the module's present values of those names) for the scripts' --variant:
+    ``apply_settings``' checks, with the module left as it was."""
+    present = {item.partition("=")[0]: getattr(module, item.partition("=")[0], None) for item in items}
+    variant = apply_settings(module, items)
+    for name, value in present.items():
+        setattr(module, name, value)
+    return variant, present
+
+
+def with_settings(module, values: dict, restore: dict, fn):
+    """``fn``, each call of it made with ``values`` set on ``module`` and ``restore`` put back after it."""
+    def run(*args, **kwargs):
+        for name, value in values.items():
+            setattr(module, name, value)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for name, value in restore.items():
+                setattr(module, name, value)
+    return run

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 
-from _common import apply_settings, median_ms, median_ms_cudagraph, run_meta, write_results  # noqa: E402
+from _common import median_ms, median_ms_cudagraph, parse_variant, run_meta, with_settings, write_results  # noqa: E402
 from flash_attention_bench import provider_fn  # noqa: E402  (the grid's providers: the same calls it times)
 
 TARGETS = {1024: 0.80}  # the forward's targets against cuDNN: 0.80 at 1K, 0.85 from 4K, none between
@@ -59,24 +59,9 @@ def main(argv=None):
                     timing="triton.testing.do_bench (eager) / do_bench_cudagraph (graph), return_mode=median",
                     rule="a target is met when the median over rounds of minillm / cuDNN (TFLOP/s) is >= it",
                     targets={"1024": TARGETS[1024], "4096+": TARGET_LONG})
-    variant = None
-    if args.variant:
-        default = {item.partition("=")[0]: getattr(fa, item.partition("=")[0], None) for item in args.variant}
-        variant = apply_settings(fa, args.variant)  # (checks the names and values; the default is put back below)
-        for name, value in default.items():
-            setattr(fa, name, value)
+    variant, default = parse_variant(fa, args.variant) if args.variant else (None, None)
+    if variant:
         meta["variant"] = variant
-
-    def with_variant(fn):
-        def run():
-            for name, value in variant.items():
-                setattr(fa, name, value)
-            try:
-                return fn()
-            finally:
-                for name, value in default.items():
-                    setattr(fa, name, value)
-        return run
     points = [(d, c == "True", n) for d in args.head_dims for c in args.causal for n in args.seq_lens]
     inputs = {}
     for d, causal, n in points:
@@ -89,7 +74,7 @@ def main(argv=None):
             q, k, v = inputs[(d, n)]
             fns = {name: provider_fn(name, q, k, v, causal) for name in ("minillm", "sdpa_cudnn")}
             if variant:
-                fns["variant"] = with_variant(provider_fn("minillm", q, k, v, causal))
+                fns["variant"] = with_settings(fa, variant, default, provider_fn("minillm", q, k, v, causal))
             want = fns["sdpa_cudnn"]().float()
             err = float((fns["minillm"]().float() - want).abs().max())  # the default is right here, every round
             ran = fa.last_forward_impl

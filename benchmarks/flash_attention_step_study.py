@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from minillm.kernels import flash_attention as fa  # noqa: E402  (first: it decides interpreter vs compiled)
 from minillm.kernels import launch  # noqa: E402
 
-from _common import apply_settings, median_ms, median_ms_cudagraph, run_meta, step_inputs, step_point, write_results  # noqa: E402
+from _common import (median_ms, median_ms_cudagraph, parse_variant, run_meta, step_inputs, step_point,  # noqa: E402
+                     with_settings, write_results)
 from flash_attention_bwd_bench import forward_fn  # noqa: E402  (the bwd bench's providers: the same calls)
 
 
@@ -41,16 +42,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("flash_attention_step_study.py needs a CUDA GPU")
-    default = {item.partition("=")[0]: getattr(fa, item.partition("=")[0], None) for item in args.variant}
-    variant = apply_settings(fa, args.variant)  # (checks names and values; the defaults are put back below)
-    for name, value in default.items():
-        setattr(fa, name, value)
+    variant, default = parse_variant(fa, args.variant)
     meta = run_meta(dtype="bfloat16", batch=4, heads=32, rounds=args.rounds, variant=variant, default=default,
                     timing="triton.testing.do_bench (eager) / do_bench_cudagraph (graph), return_mode=median (ms)")
-
-    def setting(values):
-        for name, value in values.items():
-            setattr(fa, name, value)
 
     providers = {"minillm": default, "variant": variant, "sdpa_flash": default}
     rows = []
@@ -64,12 +58,9 @@ def main(argv=None):
                 fn = forward_fn("sdpa_flash" if name == "sdpa_flash" else "minillm", causal, False)
                 q, k, v = (t.detach().requires_grad_() for t in (q0, k0, v0))
 
-                def step():
-                    setting(providers[name])  # (every call: the other providers' calls put theirs back)
-                    try:
-                        torch.autograd.grad(fn(q, k, v), (q, k, v), do)
-                    finally:
-                        setting(default)
+                # (each call sets its provider's settings: the other providers' calls put the defaults back)
+                step = with_settings(fa, providers[name], default,
+                                     lambda fn=fn, q=q, k=k, v=v: torch.autograd.grad(fn(q, k, v), (q, k, v), do))
                 step()
                 encoded = launch.stats["encoded"]
                 calls = [0]

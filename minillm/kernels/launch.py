@@ -26,14 +26,14 @@ and heuristics wrappers always take the JIT path.
 
 ``bind`` goes one step further for a caller that repeats a launch with new tensors and everything else
 the same: the ``Bound`` it returns checks only the tensors' classes and calls the launcher
-(flash_attention's plans keep them). A host ``TensorDescriptor`` among the bound arguments whose base is
-one of the bound tensors is rebased on every call onto the tensor passed in that place, which must have
+(flash_attention's plans keep them). A host ``TensorDescriptor`` among the bound arguments, over the bound
+tensor ``over`` names, is rebased on every call onto the tensor passed in that place, which must have
 the bound one's shape and strides (the descriptor's extents were made from them): the launcher encodes
 the TMA descriptor from base, shape and strides on each launch. That encoding, in the Python wrapper
 Triton 3.6 puts around its C launcher (``wrap_handle_tensordesc``), took 88 of the forward's 242 us per
 training step under cProfile, with four descriptors (results/attention_step_hostdesc_kernels39_h200.json),
-and kept the N=1K training step host-bound; so a Bound calls the C launcher itself and keeps each descriptor's encoding per tensor address
-(``DESC_CACHE``; the caching allocator hands the same addresses back step after step), made by Triton's
+and kept the N=1K training step host-bound; so a Bound calls the C launcher itself and keeps each
+descriptor's encoding per tensor address (``DESC_CACHE``; the caching allocator hands the same addresses back step after step), made by Triton's
 own ``make_tensordesc_arg`` (``_unwrapped`` finds the C launcher; where Triton is built otherwise the
 wrapper runs as before).
 """
@@ -103,6 +103,15 @@ def tensor_classes(tensors) -> list:
 
 
 _JIT_ONLY = object()  # the entry of a class that always goes through kernel[grid]
+
+
+def _with_base(desc, base):
+    """A copy of a host descriptor over ``base``, without TensorDescriptor's checks (they ran on the original, and
+    the callers keep what they checked: a Bound's class check the dtype and alignment, its layout check the rest)."""
+    d = object.__new__(TensorDescriptor)
+    d.__dict__.update(desc.__dict__)
+    d.base = base
+    return d
 DESC_CACHE = 1024  # encoded descriptors a Bound keeps per descriptor parameter, one per tensor address (one plan
 # serves every layer of a model with the same shapes, each layer's tensors at addresses of their own); past it the
 # oldest is dropped
@@ -217,11 +226,8 @@ class Bound:
         scalars = list(self.scalars)
         descs = []
         for i, j in zip([i for i, a in enumerate(scalars) if isinstance(a, TensorDescriptor)], over):
-            d = object.__new__(TensorDescriptor)
-            d.__dict__.update(scalars[i].__dict__)
-            d.base = None
-            scalars[i] = d
-            descs.append((i, j, d, tuple(args[j].shape), args[j].stride()))
+            scalars[i] = _with_base(scalars[i], None)
+            descs.append((i, j, scalars[i], tuple(args[j].shape), args[j].stride()))
         self.scalars, self.descs = tuple(scalars), tuple(descs)
         self.knobs = (knobs.runtime.debug, knobs.compilation.instrumentation_mode) if knobs is not None else None
         self.launch = self.raw = None
@@ -266,18 +272,11 @@ class Bound:
             if type(piece) is tuple:
                 args += piece
                 continue
-            i, j, desc, shape, strides = self.descs[piece]
-            t = tensors[j]
-            if t.shape != shape or t.stride() != strides:
-                raise ValueError(f"a bound launch's host descriptor was made over a tensor of shape {shape} and "
-                                 f"strides {strides}; this call passes {tuple(t.shape)}, {t.stride()} in its place")
+            t = self._descriptor_tensor(self.descs[piece], tensors)
             cache = self.encoded[piece]
             enc = cache.get(t.data_ptr())
             if enc is None:
-                d = object.__new__(TensorDescriptor)  # (the bound one's fields, checked when it was made; the class
-                d.__dict__.update(desc.__dict__)      # check above kept the dtype and 16-byte alignment)
-                d.base = t
-                enc = tuple(make_tensordesc_arg(d, metas[piece]))
+                enc = tuple(make_tensordesc_arg(_with_base(self.descs[piece][2], t), metas[piece]))
                 if len(cache) >= DESC_CACHE:
                     del cache[next(iter(cache))]  # the oldest (dicts keep insertion order)
                 cache[t.data_ptr()] = enc
@@ -285,17 +284,25 @@ class Bound:
             args += enc
         launcher(*args)
 
+    @staticmethod
+    def _descriptor_tensor(entry, tensors):
+        """This call's tensor in a descriptor's place, checked against the layout the descriptor was made for."""
+        i, j, desc, shape, strides = entry
+        t = tensors[j]
+        if t.shape != shape or t.stride() != strides:
+            raise ValueError(f"a bound launch's host descriptor was made over a tensor of shape {shape} and "
+                             f"strides {strides}; this call passes {tuple(t.shape)}, {t.stride()} in its place")
+        return t
+
     def _rebase(self, tensors, values: tuple) -> tuple:
         """``values`` (the scalars, then anything after them) with each bound descriptor made anew over this call's
         tensor in its place (through TensorDescriptor, whose checks run: this is the path of calls outside the
         bound class, a misaligned tensor among them)."""
         values = list(values)
-        for i, j, desc, shape, strides in self.descs:
-            t = tensors[j]
-            if t.shape != shape or t.stride() != strides:
-                raise ValueError(f"a bound launch's host descriptor was made over a tensor of shape {shape} and "
-                                 f"strides {strides}; this call passes {tuple(t.shape)}, {t.stride()} in its place")
-            values[i] = TensorDescriptor(t, desc.shape, desc.strides, desc.block_shape, desc.padding)
+        for entry in self.descs:
+            i, desc = entry[0], entry[2]
+            values[i] = TensorDescriptor(self._descriptor_tensor(entry, tensors), desc.shape, desc.strides,
+                                         desc.block_shape, desc.padding)
         return tuple(values)
 
     def __call__(self, *tensors):
