@@ -78,6 +78,8 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels45")      #   ... and why not
 #                run(command="bash benchmarks/gpu_session.sh kernels46")      #   a first fix, which did not hold
 #                run(command="bash benchmarks/gpu_session.sh kernels47")      #   the cause, and its fix checked
+#                run(command="bash benchmarks/gpu_session.sh kernels48")      # issue 12: the step study, every test
+#                run(command="bash benchmarks/gpu_session.sh kernels48-heavy")
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -972,6 +974,20 @@ kernels47)  # issue 12: the cause (a Bound kept the first call's tensors in its 
   timeout 90 python3 -m pytest -q -rs -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
     -k "cuda_graph or no_reference or replays_on_new_tensors" > "$OUT/kernel_tests_kernels47.txt" 2>&1
   echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels47.txt" ;;
+kernels48)  # issue 12, after kernels47 confirmed the capture fix: the step study of kernels43 again (every round should
+  # now capture), the refactored ratio study once (a smoke run), then every compiled kernel test but the heavy
+  # parametrizations, in 14 shards (~8 min)
+  timeout 190 python3 benchmarks/flash_attention_step_study.py --points 128:1024:causal 64:1024:causal 128:2048:causal \
+    --variant HOST_DESC_MIN_N=4096 --out "$OUT/flash_attention_step_study_kernels48_h200.json" > /tmp/study.txt 2>&1
+  echo "study rc=$?"; sed -n '/median over rounds/,$p' /tmp/study.txt; grep -E "Error|capture" /tmp/study.txt | head -3
+  timeout 70 python3 benchmarks/flash_attention_ratio_study.py --rounds 1 --head-dims 128 --causal True --seq-lens 1024 \
+    --variant HOST_DESC_MIN_N=4096 --out /tmp/ratio_smoke.json > /tmp/ratio.txt 2>&1
+  echo "ratio smoke rc=$?"; tail -4 /tmp/ratio.txt | cut -c1-200
+  python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS -k "not ($HEAVY)" \
+    | run_shards kernel_tests_kernels48 14 250 ;;
+kernels48-heavy)  # the heavy parametrizations of the flash tests, compiled, at the final code (~4 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
+    | run_shards kernel_tests_kernels48_heavy 14 300 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

@@ -849,7 +849,7 @@ def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc, 
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 step()
-                captured = step()
+                captured = [t.detach() for t in step()]
     else:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -859,7 +859,7 @@ def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc, 
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            captured = step()
+            captured = [t.detach() for t in step()]  # (no autograd graph outlives the capture)
     with torch.no_grad():
         for t in (q, k, v, do):
             t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))

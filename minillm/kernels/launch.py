@@ -220,9 +220,10 @@ class Bound:
         self.classes = tensor_classes(args[:n_tensors])
         # host descriptors (each over the tensor ``over`` names): (place among the scalars, tensor index, the
         # descriptor without its base, the tensor's shape and strides). The Bound keeps no reference to the bound
-        # call's tensors: a plan would keep them alive, and with an output the autograd graph it carries (whose
-        # leaves' gradient accumulators, made on the stream of that first call, are the likely reason the CUDA-graph
-        # capture of later training steps failed while the Bound held them: results/graph_capture*_h200.json)
+        # call's tensors: a plan would keep them alive, and with an output the autograd graph it carries, whose
+        # leaves' gradient accumulators, made on the stream of that first call, broke the CUDA-graph capture of
+        # later training steps while the Bound held them (results/graph_capture*_h200.json; with no tensor kept,
+        # the same steps captured: graph_capture_kept_h200.json)
         scalars = list(self.scalars)
         descs = []
         for i, j in zip([i for i, a in enumerate(scalars) if isinstance(a, TensorDescriptor)], over):
