@@ -472,7 +472,8 @@ def fwd_plan(D: int, dtype, causal: bool, nq: int, nk: int, interpreted: bool = 
 # _2048_). With launch.Bound encoding the descriptors once per address, the 1K step took 0.486 ms against 0.489 with
 # v1 eagerly and 0.478 against 0.484 from CUDA graphs (_hostraw_1024_ against _2048_, two processes); in one process
 # over 5 rounds (4 from graphs; results/flash_attention_step_study_h200.json) the step took 1.1% less time than with v1
-# at 1K from graphs and 2.2-2.5% less at 2K, while eagerly at 1K it was host-bound and its rounds spread past any difference;
+# at 1K from graphs and 2.2-2.5% less at 2K (after the capture fix, every round captured: 1.4%, and 2.6-3.2%;
+# _step_study_kernels48_), while eagerly at 1K it was host-bound and its rounds spread past any difference;
 # inference ran 5.5-7.6% faster than v1 at 1K and 2K, eagerly and from graphs (_hostraw_inference_). So one
 # threshold again, for every call.
 HOST_DESC_MIN_N = 1024
