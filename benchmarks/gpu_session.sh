@@ -80,6 +80,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels47")      #   the cause, and its fix checked
 #                run(command="bash benchmarks/gpu_session.sh kernels48")      # issue 12: the step study, every test
 #                run(command="bash benchmarks/gpu_session.sh kernels48-heavy")
+#                run(command="bash benchmarks/gpu_session.sh kernels49")      #   the causal diagonal behind a branch
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -988,6 +989,13 @@ kernels48)  # issue 12, after kernels47 confirmed the capture fix: the step stud
 kernels48-heavy)  # the heavy parametrizations of the flash tests, compiled, at the final code (~4 min)
   python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py -k "$HEAVY" \
     | run_shards kernel_tests_kernels48_heavy 14 300 ;;
+kernels49)  # issue 12: the causal v2 in one key loop, the diagonal masked behind a branch (CAUSAL_DIAG_BRANCH), against
+  # the two loops, beside cuDNN in 5 interleaved rounds at d=128 causal 1K-8K; then its compiled tests (~5 min)
+  timeout 330 python3 benchmarks/flash_attention_ratio_study.py --head-dims 128 --causal True --seq-lens 1024 2048 4096 8192 \
+    --variant CAUSAL_DIAG_BRANCH=True --out "$OUT/flash_attention_diag_branch_h200.json" > "$OUT/flash_attention_diag_branch_h200.txt" 2>&1
+  echo "study rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch_h200.txt" | cut -c1-200
+  timeout 150 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_kernels_flash_attention.py -k "diag_branch or plan_settings" \
+    > "$OUT/kernel_tests_kernels49.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels49.txt" | cut -c1-300 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

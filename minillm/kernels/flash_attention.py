@@ -273,14 +273,23 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 
 @triton.jit
 def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
+                   mask_from=0, BRANCH: tl.constexpr = False):
     """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros); ``kv_row`` is
-    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors)."""
+    the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors). ``BRANCH``
+    (CAUSAL_DIAG_BRANCH): one loop over every key tile, the tiles from ``mask_from`` masked behind a branch."""
     for start in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         start = tl.multiple_of(start, BLOCK_N)
         kt = k_desc.load([kv_row + start, 0]).T  # K^T tile, (BLOCK_D, BLOCK_N), a view of the shared-memory copy
         s = _mma(q, kt, tl.zeros([q.shape[0], BLOCK_N], tl.float32), IEEE)
-        if MASKED:
+        if BRANCH:
+            if start >= mask_from:  # the diagonal (and a ragged last tile): scores past it become -inf
+                cols = start + tl.arange(0, BLOCK_N)
+                s = tl.where((cols[None, :] < Nk) & (cols[None, :] <= rows[:, None] + offset), s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # (a row that has seen no key yet)
+            p = tl.exp2(s * qk_scale - m_shift[:, None])
+        elif MASKED:
             cols = start + tl.arange(0, BLOCK_N)
             valid = cols[None, :] < Nk
             if CAUSAL:
@@ -306,7 +315,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                  LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
+                  LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0, DIAG_BRANCH: tl.constexpr = False):
     """One query tile of one (batch, head): descriptors, the two key loops, the epilogue. The descriptors come
     from the host (Q_DESC...: over the flattened (B * heads * N, D) tensors, whose rows of one head start at
     head * N; ``TMA_HOST_DESCRIPTORS``) or are built here per (batch, head), every tile. ``LSE_STORE``:
@@ -344,11 +353,15 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
-                               BLOCK_N, False, CAUSAL, IEEE, WS)
-    if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
-                                   BLOCK_N, True, CAUSAL, IEEE, False)
+    if DIAG_BRANCH and PART == 0 and not WS:  # one loop, the masked tiles behind a branch (CAUSAL_DIAG_BRANCH)
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, hi, Nk, offset, qk_scale,
+                                   BLOCK_N, False, CAUSAL, IEEE, False, full, True)
+    else:
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
+                                   BLOCK_N, False, CAUSAL, IEEE, WS)
+        if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
+            acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
+                                       BLOCK_N, True, CAUSAL, IEEE, False)
     o, lse = _normalize(acc, l, m)
     o_desc.store([q_row + m0, 0], o.to(O.dtype.element_ty))
     if LSE_STORE == 2:
@@ -370,7 +383,8 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
                     LSE_DESC,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0):
+                    PERSISTENT: tl.constexpr, LSE_STORE: tl.constexpr = 0, PART: tl.constexpr = 0,
+                    DIAG_BRANCH: tl.constexpr = False):
     if PERSISTENT:
         # tile t: causal runs the last (heaviest) query tiles of every head first; non-causal keeps the
         # tiles of one head together, so the programs running at once share its K and V in L2
@@ -384,7 +398,8 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
             _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                           sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                           Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE, PART)
+                          HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, False, LSE_STORE, PART,
+                          DIAG_BRANCH)
     else:
         pid_m = tl.program_id(0)
         bh = tl.program_id(1)
@@ -393,7 +408,7 @@ def _fwd_kernel_tma(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS, NU
         _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                       Q_DESC, K_DESC, V_DESC, O_DESC, LSE_DESC,
-                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE, PART)
+                      HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_N, IEEE, WS, LSE_STORE, PART, DIAG_BRANCH)
 
 
 def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
@@ -525,6 +540,10 @@ NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specializati
 # the default before it (v2 with host descriptors), tied at 8K and lost at 4K, where its first launch alone took
 # as long as the whole default call.
 SPLIT_MIN_N = 16384
+# The causal v2 / v4 (no warp specialization) in one key loop: the tiles the diagonal crosses masked behind a branch
+# inside it, so the pipeline that loads K and V runs on through the diagonal instead of draining before a second,
+# masked loop. On trial (False: two loops).
+CAUSAL_DIAG_BRANCH = False
 # v6's second launch: (BLOCK_M, BLOCK_N, num_warps, num_stages). Its query tiles must divide the first launch's.
 # The fastest of six settings at 4K and, within 1%, at 16K (results/flash_attention_split_study_h200.json): four
 # warps on 64 x 64 tiles read the diagonal at close to HBM speed, where 128 x 128 with 8 warps spilled.
@@ -582,7 +601,8 @@ PLANS = True  # the switch (benchmarks turn it off to measure what plans save)
 # monkeypatch) makes the next call of every shape decide again; a setting left out would replay stale plans
 # (tests/test_kernels_flash_attention.py checks this list against the names those functions read).
 PLAN_SETTINGS = ("WS_LSE_STORE", "TMA_HOST_DESCRIPTORS", "CAUSAL_GROUP_PROGRAMS", "HOST_DESC_MIN_N",
-                 "HOST_DESC_SMALL_TILES_BELOW", "RESUME_CONFIG", "SPLIT_PARTIAL_FP32", "SPLIT_MIN_N")
+                 "HOST_DESC_SMALL_TILES_BELOW", "RESUME_CONFIG", "SPLIT_PARTIAL_FP32", "SPLIT_MIN_N",
+                 "CAUSAL_DIAG_BRANCH")
 _plans: dict = {}
 MAX_PLANS = 1024  # past this many keys (varying shapes) the cache starts over
 
@@ -705,6 +725,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
+        if causal and CAUSAL_DIAG_BRANCH and impl in ("v2", "v4"):
+            more["DIAG_BRANCH"] = True
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
         if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
             fp32 = SPLIT_PARTIAL_FP32 and o.dtype != torch.float32
