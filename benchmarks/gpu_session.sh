@@ -81,6 +81,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels48")      # issue 12: the step study, every test
 #                run(command="bash benchmarks/gpu_session.sh kernels48-heavy")
 #                run(command="bash benchmarks/gpu_session.sh kernels49")      #   the causal diagonal behind a branch
+#                run(command="bash benchmarks/gpu_session.sh kernels50")      #   ... with 128 x 128 tiles, at 16K
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -996,6 +997,22 @@ kernels49)  # issue 12: the causal v2 in one key loop, the diagonal masked behin
   echo "study rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch_h200.txt" | cut -c1-200
   timeout 150 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_kernels_flash_attention.py -k "diag_branch or plan_settings" \
     > "$OUT/kernel_tests_kernels49.txt" 2>&1; echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels49.txt" | cut -c1-300 ;;
+kernels50)  # issue 12: kernels49 had the branch ahead at 8K (128 x 128 tiles, one program per SM) and even at 4K (64 x 64,
+  # two per SM): (a) the branch with 128 x 128 tiles from 2K against the default, 7 rounds; (b) the branch at 4K and
+  # 8K again, 7 rounds; (c) at 16K, v2 with the branch against the default's two-launch v6, 5 rounds (~4 min)
+  R=benchmarks/flash_attention_ratio_study.py
+  timeout 150 python3 $R --rounds 7 --head-dims 128 --causal True --seq-lens 2048 4096 \
+    --variant CAUSAL_DIAG_BRANCH=True HOST_DESC_SMALL_TILES_BELOW=2048 --out "$OUT/flash_attention_diag_branch128_h200.json" \
+    > "$OUT/flash_attention_diag_branch128_h200.txt" 2>&1
+  echo "a rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch128_h200.txt" | cut -c1-200
+  timeout 150 python3 $R --rounds 7 --head-dims 128 --causal True --seq-lens 4096 8192 \
+    --variant CAUSAL_DIAG_BRANCH=True --out "$OUT/flash_attention_diag_branch2_h200.json" \
+    > "$OUT/flash_attention_diag_branch2_h200.txt" 2>&1
+  echo "b rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch2_h200.txt" | cut -c1-200
+  timeout 200 python3 $R --rounds 5 --head-dims 128 --causal True --seq-lens 16384 \
+    --variant CAUSAL_DIAG_BRANCH=True SPLIT_MIN_N=32768 --out "$OUT/flash_attention_diag_branch16k_h200.json" \
+    > "$OUT/flash_attention_diag_branch16k_h200.txt" 2>&1
+  echo "c rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch16k_h200.txt" | cut -c1-200 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
