@@ -82,6 +82,8 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels48-heavy")
 #                run(command="bash benchmarks/gpu_session.sh kernels49")      #   the causal diagonal behind a branch
 #                run(command="bash benchmarks/gpu_session.sh kernels50")      #   ... with 128 x 128 tiles, at 16K
+#                run(command="bash benchmarks/gpu_session.sh kernels51")      #   the new defaults: tests, rounds
+#                run(command="bash benchmarks/gpu_session.sh kernels52")      #   ... and the recorded grid
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -1013,6 +1015,19 @@ kernels50)  # issue 12: kernels49 had the branch ahead at 8K (128 x 128 tiles, o
     --variant CAUSAL_DIAG_BRANCH=True SPLIT_MIN_N=32768 --out "$OUT/flash_attention_diag_branch16k_h200.json" \
     > "$OUT/flash_attention_diag_branch16k_h200.txt" 2>&1
   echo "c rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch16k_h200.txt" | cut -c1-200 ;;
+kernels51)  # issue 12: the new causal d=128 defaults (the diagonal behind a branch, 128 x 128 tiles from 2K, v6 from 32K):
+  # every compiled kernel test but the heavy ones, the heavy forward ones, then the ratio study at every point
+  # against the old defaults as the variant, 5 rounds (~6 min)
+  python3 -m pytest --collect-only -q -p no:cacheprovider $KERNEL_TESTS -k "not ($HEAVY)" \
+    | run_shards kernel_tests_kernels51 14 200
+  python3 -m pytest --collect-only -q -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "test_forward_impls_match_reference or test_forward_tile_shapes_split" | run_shards kernel_tests_kernels51_heavy_fwd 14 200
+  timeout 200 python3 benchmarks/flash_attention_ratio_study.py \
+    --variant CAUSAL_DIAG_BRANCH=False HOST_DESC_SMALL_TILES_BELOW=8192 SPLIT_MIN_N=16384 \
+    --out "$OUT/flash_attention_ratio_study_kernels51_h200.json" > "$OUT/flash_attention_ratio_study_kernels51_h200.txt" 2>&1
+  echo "study rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_ratio_study_kernels51_h200.txt" | cut -c1-200 ;;
+kernels52)  # issue 12: the recorded flash grid at the new defaults (forward, forward+backward, flex beside both) (~6 min)
+  grid_and_causal ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)

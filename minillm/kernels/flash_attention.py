@@ -496,8 +496,12 @@ HOST_DESC_MIN_N = 1024
 # side in one process, 64 x 64 ran 1.6 / 4.1% faster from CUDA graphs and 2.9% eagerly at 4K, tied at 8K (-0.2 to
 # +1.1%), and at 16K tied from graphs (-0.3 / +0.4%) but lost 11.8% eagerly
 # (results/flash_attention_hostdesc_tiles_h200.json; 4K and 16K first in _tune_hostdesc_tiles_h200.json).
-# (_blocks gives v2 these tiles there with descriptors built in the kernel too, which was not measured.)
-HOST_DESC_SMALL_TILES_BELOW = 8192
+# (_blocks gives v2 these tiles there with descriptors built in the kernel too, which was not measured.) That was 8K
+# while the diagonal ran in a second loop. With it behind a branch in one loop (CAUSAL_DIAG_BRANCH), 128 x 128 tiles
+# ran 1.6 / 5.2% (eager / graphs) faster at 2K than the two-loop 64 x 64 default, and 1.5 / 5.4% at 4K, medians of 7
+# rounds (results/flash_attention_diag_branch128_h200.json), where 64 x 64 with the branch ran +0.4 / +0.4% at 4K
+# (_diag_branch2_): so 128 x 128 from 2K. (The spread of those rounds is wide: -7.0 to +15.0%.)
+HOST_DESC_SMALL_TILES_BELOW = 2048
 # The causal forward's order (_causal_order): heads are taken in groups of about this many programs (whole heads,
 # at least one), each group heaviest tile first. A group that spans the grid would order it globally, but then
 # every head's K and V are read at once and L2 holds fewer of them; one head at a time (1 here) leaves the grid's
@@ -538,12 +542,18 @@ NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specializati
 # Where fwd_plan gives v6 (D=128, causal, both lengths multiples of 128): from this many queries and keys. Side by
 # side from CUDA graphs (results/flash_attention_split_study_h200.json) v6 took 17.0 ms at 16K against 18.1 for
 # the default before it (v2 with host descriptors), tied at 8K and lost at 4K, where its first launch alone took
-# as long as the whole default call.
-SPLIT_MIN_N = 16384
+# as long as the whole default call. That was 16K. v2 with the diagonal behind a branch (CAUSAL_DIAG_BRANCH) then ran
+# 4.4 / 4.0% (eager / graphs) faster than v6 at 16K, every one of 5 rounds ahead
+# (results/flash_attention_diag_branch16k_h200.json), so v6 starts past it; at 32K neither was measured.
+SPLIT_MIN_N = 32768
 # The causal v2 / v4 (no warp specialization) in one key loop: the tiles the diagonal crosses masked behind a branch
 # inside it, so the pipeline that loads K and V runs on through the diagonal instead of draining before a second,
-# masked loop. On trial (False: two loops).
-CAUSAL_DIAG_BRANCH = False
+# masked loop. Compiled for sm_90 the one loop is pipelined as the first of the two was (AOT: 140 registers and
+# 112 KiB at 64 x 64). Beside the two loops and cuDNN in interleaved rounds (results/flash_attention_diag_branch_h200.json,
+# _diag_branch2_), it gained most where one program fills an SM (128 x 128 tiles at 8K: +4.3 / +6.4% and +5.6 / +4.8%
+# eager / graphs, every round ahead) and little where two programs share one and hide each other's drain (64 x 64 at
+# 4K: +0.3 / -0.4% and +0.4 / +0.4%); +2.3 / +1.5% at 1K. False: the two loops.
+CAUSAL_DIAG_BRANCH = True
 # v6's second launch: (BLOCK_M, BLOCK_N, num_warps, num_stages). Its query tiles must divide the first launch's.
 # The fastest of six settings at 4K and, within 1%, at 16K (results/flash_attention_split_study_h200.json): four
 # warps on 64 x 64 tiles read the diagonal at close to HBM speed, where 128 x 128 with 8 warps spilled.
