@@ -272,9 +272,9 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 # ---------------------------------------------------------------------------------------------
 
 @triton.jit
-def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr, WS: tl.constexpr,
-                   mask_from=0, BRANCH: tl.constexpr = False):
+def _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, lo, hi, Nk, offset, qk_scale, mask_from,
+                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, IEEE: tl.constexpr,
+                   WS: tl.constexpr, BRANCH: tl.constexpr = False):
     """_fwd_inner with the K and V tiles loaded through descriptors (rows past Nk read as zeros); ``kv_row`` is
     the first row of this (batch, KV head) in the descriptors' view (0 for per-head descriptors). ``BRANCH``
     (CAUSAL_DIAG_BRANCH): one loop over every key tile, the tiles from ``mask_from`` masked behind a branch."""
@@ -354,13 +354,13 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
     if DIAG_BRANCH and PART == 0 and not WS:  # one loop, the masked tiles behind a branch (CAUSAL_DIAG_BRANCH)
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, hi, Nk, offset, qk_scale,
-                                   BLOCK_N, False, CAUSAL, IEEE, False, full, True)
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, hi, Nk, offset, qk_scale, full,
+                                   BLOCK_N, False, CAUSAL, IEEE, False, True)
     else:
-        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale,
+        acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, full, Nk, offset, qk_scale, 0,
                                    BLOCK_N, False, CAUSAL, IEEE, WS)
         if PART == 0 and (CAUSAL or not EVEN_N):  # a non-causal call with Nk % BLOCK_N == 0 compiles one loop only
-            acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale,
+            acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, full, hi, Nk, offset, qk_scale, 0,
                                        BLOCK_N, True, CAUSAL, IEEE, False)
     o, lse = _normalize(acc, l, m)
     o_desc.store([q_row + m0, 0], o.to(O.dtype.element_ty))
