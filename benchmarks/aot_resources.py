@@ -5,6 +5,8 @@
     python benchmarks/aot_resources.py --kernel paged   # the paged decode kernel per (num_warps, num_stages)
     python benchmarks/aot_resources.py --kernel paged --merge ticket   # ... merging in the last program
     python benchmarks/aot_resources.py --kernel paged --ir   # ... and how each compiled loop moves its data
+    python benchmarks/aot_resources.py --kernel forward      # the causal d=128 forward v2 (host descriptors): two key
+                                                             # loops against one with the diagonal behind a branch
 
 Triton compiles ahead of time for any target (its wheel ships ptxas and cuobjdump), so registers,
 spills (the stack frame ptxas had to use) and shared memory can be read without a device; they
@@ -227,9 +229,42 @@ def heads(args) -> None:
                           flush=True)
 
 
+def forward(args) -> None:
+    """The causal D=128 forward v2 on host descriptors, bf16, at its two tile settings: the diagonal in a second,
+    masked loop (DIAG_BRANCH False) against one loop with the diagonal's tiles masked behind a branch (True): registers,
+    shared memory, its key loops (scf.for), TMA copies in all and the ones inside the last loop (a pipelined loop issues
+    the copies of later tiles there), and its scf.if (the branch)."""
+    fa = load_compiled("flash_attention", {"from ..attention import": "from minillm.attention import",
+                                           "from . import INTERPRETED, check_placement, check_tensors": STUB,
+                                           "from .launch import bind, cdiv, fast_launch, fast_path_on, next_power_of_2":
+                                               "bind = cdiv = fast_launch = fast_path_on = next_power_of_2 = None"})
+    kern = fa._fwd_kernel_tma
+    types = {n: "i32" for n in kern.arg_names}
+    types.update({n: "*bf16" for n in ("Q", "K", "V", "O")})
+    types.update(LSE="*fp32", qk_scale="fp32")
+    print("forward v2, causal, D=128, bf16, host descriptors, the LSE through its descriptor")
+    for bm, bn, w, st in ((64, 64, 4, 3), (128, 128, 8, 3)):
+        types.update(Q_DESC=f"tensordesc<bf16[{bm},128]>", O_DESC=f"tensordesc<bf16[{bm},128]>",
+                     K_DESC=f"tensordesc<bf16[{bn},128]>", V_DESC=f"tensordesc<bf16[{bn},128]>",
+                     LSE_DESC=f"tensordesc<fp32[{bm}]>")
+        for branch in (False, True):
+            consts = dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True, EVEN_N=True, IEEE=False,
+                          WS=False, PERSISTENT=False, LSE_STORE=2, PART=0, DIAG_BRANCH=branch)
+            r = compile_sm90(kern, types, consts, w, st)
+            g = r["ttgir"]
+            start = g.rindex("scf.for")
+            indent = start - g.rindex("\n", 0, start) - 1 - len(g[g.rindex("\n", 0, start) + 1:start].lstrip())
+            last = g[start:g.index("\n" + " " * (indent + 2) + "scf.yield", start)]  # the loop's own yield, not its if's
+            print(f"{bm} x {bn}, {w} warps, {st} stages, {'one loop, branch' if branch else 'two loops'}: "
+                  f"regs {r['regs']} stack {r['stack_bytes']} B smem {r['shared_bytes'] / 1024:.1f} KiB; "
+                  f"{g.count('scf.for')} loops, {g.count('async_tma_copy_global_to_local')} TMA copies "
+                  f"({last.count('async_tma_copy_global_to_local')} inside the last loop), {g.count('scf.if')} scf.if",
+                  flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=["backward", "paged", "heads"], default="backward")
+    ap.add_argument("--kernel", choices=["backward", "paged", "heads", "forward"], default="backward")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--impl", choices=list(BWD_VERSIONS), default="v2", help="backward: which version's sweep")
     ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
@@ -237,7 +272,7 @@ def main(argv=None):
     ap.add_argument("--ir", action="store_true", help="paged: also how the main loop moves data (from the TTGIR), "
                     "and v2 of the loop")
     args = ap.parse_args(argv)
-    {"backward": backward, "paged": paged, "heads": heads}[args.kernel](args)
+    {"backward": backward, "paged": paged, "heads": heads, "forward": forward}[args.kernel](args)
 
 
 if __name__ == "__main__":

@@ -265,6 +265,10 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 #   SPLIT_PARTIAL_FP32) and the LSE of the keys seen so far (through the descriptor store). The second,
 #   _fwd_resume_kernel, runs the masked diagonal tiles from that state, on smaller tiles (RESUME_CONFIG).
 #   Non-causal calls of v6 are v3.
+# * The causal v2 / v4 in one key loop (CAUSAL_DIAG_BRANCH, the default): the tiles the diagonal crosses are masked
+#   behind a branch inside the loop instead of in a second loop, so the K/V pipeline does not drain before the
+#   diagonal. It pays where one program fills an SM (128 x 128 tiles: +4-6% at 8K) and is what let 128 x 128 tiles
+#   take 2K-4K and v2 take 16K from v6 (results/flash_attention_diag_branch*_h200.json).
 # * Tried on v2 / v4 and reverted (commit f276f0d): FA4's lazy rescale, where a row keeps its running max until a
 #   tile passes it by more than 8 (log2 units) and the accumulator is rescaled only when some row moved. The
 #   branch needs a reduction over the whole tile each step; it ran at 0.62-0.67x the default's speed at causal d=128
