@@ -84,6 +84,7 @@
 #                run(command="bash benchmarks/gpu_session.sh kernels50")      #   ... with 128 x 128 tiles, at 16K
 #                run(command="bash benchmarks/gpu_session.sh kernels51")      #   the new defaults: tests, rounds
 #                run(command="bash benchmarks/gpu_session.sh kernels52")      #   ... and the recorded grid
+#                run(command="bash benchmarks/gpu_session.sh kernels53")      #   ... and the N=1K training step
 #                run(command="bash benchmarks/gpu_session.sh composed")       # chapter 10: the composed ladder
 # numpy 2.3.5 is needed only for the interpreter leg: triton 3.6's interpreter breaks on numpy >= 2.4.
 set -u
@@ -1028,6 +1029,12 @@ kernels51)  # issue 12: the new causal d=128 defaults (the diagonal behind a bra
   echo "study rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_ratio_study_kernels51_h200.txt" | cut -c1-200 ;;
 kernels52)  # issue 12: the recorded flash grid at the new defaults (forward, forward+backward, flex beside both) (~6 min)
   grid_and_causal ;;
+kernels53)  # issue 12: the N=1K training step at the new causal defaults (d=128 causal 1K now runs the diagonal behind
+  # a branch), as kernels16, 37 and 41 ran it; chapter 6's N=1K targets read the newest run that passes its host rule
+  timeout 130 python3 benchmarks/flash_attention_bwd_bench.py --points 64:1024 128:1024 --flex-points 64:1024 128:1024 \
+    --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
+    --out "$OUT/flash_attention_n1k_kernels53_h200.json" > "$OUT/flash_attention_n1k_kernels53_h200.txt" 2>&1
+  echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels53_h200.txt" ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
