@@ -552,11 +552,12 @@ NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specializati
 SPLIT_MIN_N = 32768
 # The causal v2 / v4 (no warp specialization) in one key loop: the tiles the diagonal crosses masked behind a branch
 # inside it, so the pipeline that loads K and V runs on through the diagonal instead of draining before a second,
-# masked loop. Compiled for sm_90 the one loop is pipelined as the first of the two was (AOT: 140 registers and
-# 112 KiB at 64 x 64). Beside the two loops and cuDNN in interleaved rounds (results/flash_attention_diag_branch_h200.json,
-# _diag_branch2_), it gained most where one program fills an SM (128 x 128 tiles at 8K: +4.3 / +6.4% and +5.6 / +4.8%
-# eager / graphs, every round ahead) and little where two programs share one and hide each other's drain (64 x 64 at
-# 4K: +0.3 / -0.4% and +0.4 / +0.4%); +2.3 / +1.5% at 1K. False: the two loops.
+# masked loop. Compiled for sm_90 the one loop is pipelined as the first of the two was (140 registers and 112 KiB
+# at 64 x 64: results/aot_resources_fwd_branch_sm90.txt). Beside the two loops and cuDNN in interleaved rounds
+# (results/flash_attention_diag_branch_h200.json, _diag_branch2_), it gained most where one program fills an SM
+# (128 x 128 tiles at 8K: +4.3 / +6.4% and +5.6 / +4.8% eager / graphs, every round ahead) and little where two
+# programs share one and hide each other's drain (64 x 64 at 4K: +0.3 / -0.4% and +0.4 / +0.4%); +2.3 / +1.5% at
+# 1K. False: the two loops.
 CAUSAL_DIAG_BRANCH = True
 # v6's second launch: (BLOCK_M, BLOCK_N, num_warps, num_stages). Its query tiles must divide the first launch's.
 # The fastest of six settings at 4K and, within 1%, at 16K (results/flash_attention_split_study_h200.json): four
