@@ -723,13 +723,27 @@ def test_forward_causal_diag_branch_is_right_on_fresh_inputs(nq, nk, hq, hkv, ho
         gold, gold_lse, bound = causal_gold(q, k, v)
         monkeypatch.setattr(fa, "CAUSAL_DIAG_BRANCH", True)
         o, lse = fa._forward(q, k, v, True, d ** -0.5, impl=impl, config=config)
-        assert fa.last_forward_impl == impl
+        assert fa.last_forward_impl == impl and fa.last_forward_constexprs.get("DIAG_BRANCH") is True
         assert (o.double() - gold.nan_to_num(0.0)).abs().max().item() <= bound  # a row that sees no key: zeros
         seen = torch.isfinite(gold_lse)  # (and its lse -inf)
         assert (lse.double() - gold_lse)[seen].abs().max().item() <= 1e-3 and (lse[~seen] == float("-inf")).all()
         if DEVICE == "cpu":
             monkeypatch.setattr(fa, "CAUSAL_DIAG_BRANCH", False)
             assert torch.equal(o, fa._forward(q, k, v, True, d ** -0.5, impl=impl, config=config)[0])
+            assert "DIAG_BRANCH" not in fa.last_forward_constexprs
+
+
+def test_forward_causal_diag_branch_leaves_a_zero_scale_to_the_two_loops():
+    """The branch masks scores before scaling them, so a scale of 0 would turn a masked -inf into NaN: such a call
+    runs the two loops (and gets the uniform average of the keys each row sees, as the reference does)."""
+    from minillm.kernels import flash_attention as fa
+
+    dtype, d, config = (torch.bfloat16, 128, None) if DEVICE == "cuda" else (torch.float32, 32, (32, 32, 4, 2))
+    q, k, v = make(1, 2, 1, 128, 128, d, dtype, seed=7)
+    o, _ = fa._forward(q, k, v, True, 0.0, impl="v2", config=config)
+    assert fa.CAUSAL_DIAG_BRANCH and "DIAG_BRANCH" not in fa.last_forward_constexprs
+    want = torch.cumsum(v.double().repeat_interleave(2, 1), dim=2) / torch.arange(1, 129, device=v.device)[:, None]
+    assert torch.isfinite(o).all() and (o.double() - want).abs().max().item() < (1e-2 if DEVICE == "cuda" else 1e-5)
 
 
 @pytest.mark.gpu

@@ -48,6 +48,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 last_forward_kernel = None  # the compiled forward of the latest call: its n_regs/n_spills/shared feed the tune report
+last_forward_constexprs: dict = {}  # the constexprs the latest forward call launched with (its first launch for v6)
 last_backward_kernel = None  # the same for backward v2
 
 
@@ -267,7 +268,7 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 #   Non-causal calls of v6 are v3.
 # * The causal v2 / v4 in one key loop (CAUSAL_DIAG_BRANCH, the default): the tiles the diagonal crosses are masked
 #   behind a branch inside the loop instead of in a second loop, so the K/V pipeline does not drain before the
-#   diagonal. It pays where one program fills an SM (128 x 128 tiles: +4-6% at 8K) and is what let 128 x 128 tiles
+#   diagonal. It pays where one program fills an SM (128 x 128 tiles: +4.3-6.4% at 8K) and is what let 128 x 128 tiles
 #   take 2K-4K and v2 take 16K from v6 (results/flash_attention_diag_branch*_h200.json).
 # * Tried on v2 / v4 and reverted (commit f276f0d): FA4's lazy rescale, where a row keeps its running max until a
 #   tile passes it by more than 8 (log2 units) and the accumulator is rescaled only when some row moved. The
@@ -357,7 +358,7 @@ def _fwd_tile_tma(pid_m, bh, Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP,
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offset = Nk - Nq
     full, hi = _key_range(m0, Nk, offset, BLOCK_M, BLOCK_N, CAUSAL)
-    if DIAG_BRANCH and PART == 0 and not WS:  # one loop, the masked tiles behind a branch (CAUSAL_DIAG_BRANCH)
+    if DIAG_BRANCH and CAUSAL and PART == 0 and not WS:  # one loop, the masked tiles behind a branch
         acc, l, m = _fwd_inner_tma(acc, l, m, q, k_desc, v_desc, kv_row, rows, 0, hi, Nk, offset, qk_scale, full,
                                    BLOCK_N, False, CAUSAL, IEEE, False, True)
     else:
@@ -548,7 +549,8 @@ NO_WS = {"v3": "v2", "v5": "v4", "v6": "v2"}  # what runs when warp specializati
 # the default before it (v2 with host descriptors), tied at 8K and lost at 4K, where its first launch alone took
 # as long as the whole default call. That was 16K. v2 with the diagonal behind a branch (CAUSAL_DIAG_BRANCH) then ran
 # 4.4 / 4.0% (eager / graphs) faster than v6 at 16K, every one of 5 rounds ahead
-# (results/flash_attention_diag_branch16k_h200.json), so v6 starts past it; at 32K neither was measured.
+# (results/flash_attention_diag_branch16k_h200.json; with the other new defaults against the old ones in
+# _ratio_study_kernels51_, +2.2 / +0.2%), so v6 starts past it; at 32K neither was measured.
 SPLIT_MIN_N = 32768
 # The causal v2 / v4 (no warp specialization) in one key loop: the tiles the diagonal crosses masked behind a branch
 # inside it, so the pipeline that loads K and V runs on through the diagonal instead of draining before a second,
@@ -637,6 +639,11 @@ def clear_plans() -> None:
     _plans.clear()
 
 
+def _constexprs(bound) -> dict:
+    """The constexprs of a bound forward launch (of its first launch, for v6's chain)."""
+    return dict((bound.first if isinstance(bound, _Chain) else bound).constexprs)
+
+
 class _Chain:
     """v6's two bound launches run as one: called with (q, k, v, o, lse), it makes the partial-O buffer (float32,
     or o itself) and runs both; ``compiled`` is the first's kernel, the one ``last_forward_kernel`` reports."""
@@ -671,7 +678,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
     benchmarks/check_ws_lse.py); a warp-specialized run with a pointer store (0, 1) hands back its LSE
     buffer only when ``lse_store`` was asked for, so that the check can see whether it was written.
     """
-    global last_forward_kernel, last_forward_impl
+    global last_forward_kernel, last_forward_impl, last_forward_constexprs
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     plan_key = None
@@ -687,6 +694,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         if ran != "v1" and not INTERPRETED:
             _ensure_allocator()
         last_forward_kernel, last_forward_impl = bound(q, k, v, o, lse), ran
+        last_forward_constexprs = _constexprs(bound)
         return o, (lse if keep_lse else None)
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -740,8 +748,8 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                      TensorDescriptor(lse, [B * Hq * Nq], [1], [bm]) if lse_store == 2 else None)
         more = dict(EVEN_N=Nk % bn == 0, WS=impl in WS_IMPLS, PERSISTENT=persistent, LSE_STORE=lse_store,
                     **common)
-        if causal and CAUSAL_DIAG_BRANCH and impl in ("v2", "v4"):
-            more["DIAG_BRANCH"] = True
+        if causal and CAUSAL_DIAG_BRANCH and impl in ("v2", "v4") and scale > 0:
+            more["DIAG_BRANCH"] = True  # (it masks before scaling: -inf times a zero scale would be NaN)
         tail = (scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], group_heads, n_m, tiles, *args, *descs)
         if impl in SPLIT_IMPLS:  # the unmasked tiles warp-specialized, then the diagonal resumed from O and LSE
             fp32 = SPLIT_PARTIAL_FP32 and o.dtype != torch.float32
@@ -762,7 +770,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
                     **more)
 
     cfg = config or _blocks(D, q.dtype, impl=impl, causal=causal, n=Nk)
-    key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store)  # a ragged last key tile: another loop
+    key = (impl, D, q.dtype, causal, cfg, Nk % cfg[1] == 0, lse_store, CAUSAL_DIAG_BRANCH)  # ragged: another loop
     if impl != "v1" and config is None and key in _fwd_fallen_back:
         impl, cfg = "v1", _blocks(D, q.dtype, causal=causal, n=Nk)
     try:
@@ -775,7 +783,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         _fwd_fallen_back.add(key)
         impl = "v1"
         bound = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
-    last_forward_kernel, last_forward_impl = bound.compiled, impl
+    last_forward_kernel, last_forward_impl, last_forward_constexprs = bound.compiled, impl, _constexprs(bound)
     keep_lse = not (impl in WS_IMPLS and lse_store != 2 and not asked)
     if plan_key is not None and o.data_ptr() % 16 == 0:  # (a misaligned o is not the key's usual case)
         _remember(plan_key, (impl, bound, keep_lse))
