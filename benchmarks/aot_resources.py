@@ -50,6 +50,15 @@ def load_compiled(name: str, relative_imports: dict[str, str]):
 STUB = "INTERPRETED = False\ncheck_placement = check_tensors = None"
 
 
+def load_flash_attention():
+    """minillm/kernels/flash_attention.py, compilable: its relative imports replaced (the launch helpers are host
+    code: only the @triton.jit kernels are used)."""
+    return load_compiled("flash_attention", {"from ..attention import": "from minillm.attention import",
+                                             "from . import INTERPRETED, check_placement, check_tensors": STUB,
+                                             "from .launch import bind, cdiv, fast_launch, fast_path_on, next_power_of_2":
+                                                 "bind = cdiv = fast_launch = fast_path_on = next_power_of_2 = None"})
+
+
 def compile_sm90(kernel, types: dict, consts: dict, warps: int, stages: int) -> dict:
     """Compile for sm_90 (16-byte-aligned pointers and strides, as torch allocates) and read the cubin's resources."""
     target = GPUTarget("cuda", 90, 32)
@@ -114,8 +123,7 @@ BWD_VERSIONS = {"v2": ("SWEEP", dict(TMA=False, SIDE=0)), "v3": ("SWEEP_TMA", di
 
 
 def backward(args):
-    fa = load_compiled("flash_attention", {"from ..attention import": "from minillm.attention import",
-                                           "from . import INTERPRETED, check_placement, check_tensors": STUB})
+    fa = load_flash_attention()
     import torch
 
     kern = fa._bwd_kernel_v2
@@ -234,10 +242,7 @@ def forward(args) -> None:
     masked loop (DIAG_BRANCH False) against one loop with the diagonal's tiles masked behind a branch (True): registers,
     shared memory, its key loops (scf.for), TMA copies in all and the ones inside the last loop (a pipelined loop issues
     the copies of later tiles there), and its scf.if (the branch)."""
-    fa = load_compiled("flash_attention", {"from ..attention import": "from minillm.attention import",
-                                           "from . import INTERPRETED, check_placement, check_tensors": STUB,
-                                           "from .launch import bind, cdiv, fast_launch, fast_path_on, next_power_of_2":
-                                               "bind = cdiv = fast_launch = fast_path_on = next_power_of_2 = None"})
+    fa = load_flash_attention()
     kern = fa._fwd_kernel_tma
     types = {n: "i32" for n in kern.arg_names}
     types.update({n: "*bf16" for n in ("Q", "K", "V", "O")})
