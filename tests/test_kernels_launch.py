@@ -366,6 +366,12 @@ def _fake_cuda_launcher(monkeypatch, encodings):
     return run, recorded
 
 
+def _raw_bound(run, x0, y0):
+    """A Bound of ``_twice_rows``' signature over x0, y0 and their host descriptors, launching through ``run``."""
+    return launch.Bound(None, (4,), 2, (x0, y0, 64, *_twice_descs(x0, y0)), {"BLOCK": 16}, None,
+                        (run, "fn", "meta", (16,), None), 0, over=(0, 1))
+
+
 def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
     """A Bound with host descriptors calls the C launcher itself, with exactly the arguments Triton's own
     descriptor wrapper would pass for the same call (each descriptor as its encoding, shape and strides), and
@@ -375,9 +381,7 @@ def test_bound_raw_launch_passes_what_tritons_wrapper_would(monkeypatch):
     encodings = []
     run, recorded = _fake_cuda_launcher(monkeypatch, encodings)
     x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
-    dx, dy = _twice_descs(x0, y0)
-    b = launch.Bound(None, (4,), 2, (x0, y0, 64, dx, dy), {"BLOCK": 16}, None, (run, "fn", "meta", (16,), None), 0,
-                     over=(0, 1))
+    b = _raw_bound(run, x0, y0)
     assert b.raw is not None
     x1, y1 = torch.zeros(64, 16), torch.zeros(64, 16)
     b(x1, y1)
@@ -422,8 +426,7 @@ def test_bound_raw_launch_keeps_no_reference_to_any_calls_tensors(monkeypatch):
 
     run, recorded = _fake_cuda_launcher(monkeypatch, [])
     x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
-    b = launch.Bound(None, (4,), 2, (x0, y0, 64, *_twice_descs(x0, y0)), {"BLOCK": 16}, None,
-                     (run, "fn", "meta", (16,), None), 0, over=(0, 1))
+    b = _raw_bound(run, x0, y0)
     assert b.raw is not None
     x1, y1 = torch.zeros(64, 16), torch.zeros(64, 16)
     b(x1, y1)
@@ -440,8 +443,7 @@ def test_bound_raw_launch_keeps_an_encoding_per_address_across_layers(monkeypatc
     encodings = []
     run, recorded = _fake_cuda_launcher(monkeypatch, encodings)
     x0, y0 = torch.zeros(64, 16), torch.zeros(64, 16)
-    b = launch.Bound(None, (4,), 2, (x0, y0, 64, *_twice_descs(x0, y0)), {"BLOCK": 16}, None,
-                     (run, "fn", "meta", (16,), None), 0, over=(0, 1))
+    b = _raw_bound(run, x0, y0)
     layers = [(torch.zeros(64, 16), torch.zeros(64, 16)) for _ in range(40)]
     for _ in range(3):
         for x, y in layers:
