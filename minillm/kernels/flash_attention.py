@@ -48,7 +48,8 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 last_forward_kernel = None  # the compiled forward of the latest call: its n_regs/n_spills/shared feed the tune report
-last_forward_constexprs: dict = {}  # the constexprs the latest forward call launched with (its first launch for v6)
+last_forward_constexprs: dict = {}  # the constexprs the latest forward call launched with (its first launch for v6;
+# the bound launch's own dict, to read only)
 last_backward_kernel = None  # the same for backward v2
 
 
@@ -639,18 +640,15 @@ def clear_plans() -> None:
     _plans.clear()
 
 
-def _constexprs(bound) -> dict:
-    """The constexprs of a bound forward launch (of its first launch, for v6's chain)."""
-    return dict((bound.first if isinstance(bound, _Chain) else bound).constexprs)
-
-
 class _Chain:
     """v6's two bound launches run as one: called with (q, k, v, o, lse), it makes the partial-O buffer (float32,
-    or o itself) and runs both; ``compiled`` is the first's kernel, the one ``last_forward_kernel`` reports."""
-    __slots__ = ("first", "second", "compiled", "fp32")
+    or o itself) and runs both; ``compiled`` and ``constexprs`` are the first's, the ones ``last_forward_kernel``
+    and ``last_forward_constexprs`` report."""
+    __slots__ = ("first", "second", "compiled", "constexprs", "fp32")
 
     def __init__(self, first, second, fp32: bool):
         self.first, self.second, self.compiled, self.fp32 = first, second, first.compiled, fp32
+        self.constexprs = first.constexprs
 
     def __call__(self, q, k, v, o, lse):
         part = torch.empty_like(o, dtype=torch.float32) if self.fp32 else o
@@ -694,7 +692,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         if ran != "v1" and not INTERPRETED:
             _ensure_allocator()
         last_forward_kernel, last_forward_impl = bound(q, k, v, o, lse), ran
-        last_forward_constexprs = _constexprs(bound)
+        last_forward_constexprs = bound.constexprs
         return o, (lse if keep_lse else None)
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -783,7 +781,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: tuple[int, int, int, i
         _fwd_fallen_back.add(key)
         impl = "v1"
         bound = launch(impl, _blocks(D, q.dtype, causal=causal, n=Nk))
-    last_forward_kernel, last_forward_impl, last_forward_constexprs = bound.compiled, impl, _constexprs(bound)
+    last_forward_kernel, last_forward_impl, last_forward_constexprs = bound.compiled, impl, bound.constexprs
     keep_lse = not (impl in WS_IMPLS and lse_store != 2 and not asked)
     if plan_key is not None and o.data_ptr() % 16 == 0:  # (a misaligned o is not the key's usual case)
         _remember(plan_key, (impl, bound, keep_lse))

@@ -112,6 +112,8 @@ def _with_base(desc, base):
     d.__dict__.update(desc.__dict__)
     d.base = base
     return d
+
+
 DESC_CACHE = 1024  # encoded descriptors a Bound keeps per descriptor parameter, one per tensor address (one plan
 # serves every layer of a model with the same shapes, each layer's tensors at addresses of their own); past it the
 # oldest is dropped
