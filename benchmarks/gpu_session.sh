@@ -1035,6 +1035,16 @@ kernels53)  # issue 12: the N=1K training step at the new causal defaults (d=128
     --providers minillm sdpa_flash sdpa_cudnn --graphs --sweep \
     --out "$OUT/flash_attention_n1k_kernels53_h200.json" > "$OUT/flash_attention_n1k_kernels53_h200.txt" 2>&1
   echo "n1k rc=$?"; grep -E "^ +(64|128) " "$OUT/flash_attention_n1k_kernels53_h200.txt" ;;
+kernels54)  # issue 12: the checks left after kernels51 ran on the CPU only (the runtime-before-constexprs order,
+  # the branch gated on CAUSAL, the zero-scale guard, last_forward_constexprs), compiled; then 32K, never compared:
+  # v2 with the branch (SPLIT_MIN_N=65536) against the default two-launch v6, 5 interleaved rounds beside cuDNN (~5 min)
+  timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_kernels_launch.py tests/test_kernels_flash_attention.py \
+    -k "runtime_parameters or diag_branch or zero_scale or plan_settings" > "$OUT/kernel_tests_kernels54.txt" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels54.txt" | cut -c1-300
+  timeout 300 python3 benchmarks/flash_attention_ratio_study.py --rounds 5 --head-dims 128 --causal True --seq-lens 32768 \
+    --variant SPLIT_MIN_N=65536 --out "$OUT/flash_attention_diag_branch32k_h200.json" \
+    > "$OUT/flash_attention_diag_branch32k_h200.txt" 2>&1
+  echo "32k rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch32k_h200.txt" | cut -c1-200 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
