@@ -2,6 +2,8 @@
 
     python benchmarks/aot_resources.py                  # backward v2 table configs and the sweep, bf16
     python benchmarks/aot_resources.py --impl v5        # backward v5 (dQ by TMA reductions) and its sweep
+    python benchmarks/aot_resources.py --impl v6        # backward v6's dK/dV side (one warp-specialized loop) and its
+                                                        # sweep, beside v4's (three loops) on the same tiles
     python benchmarks/aot_resources.py --kernel paged   # the paged decode kernel per (num_warps, num_stages)
     python benchmarks/aot_resources.py --kernel paged --merge ticket   # ... merging in the last program
     python benchmarks/aot_resources.py --kernel paged --ir   # ... and how each compiled loop moves its data
@@ -77,7 +79,9 @@ def compile_sm90(kernel, types: dict, consts: dict, warps: int, stages: int) -> 
         res = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", res)
     return {"regs": int(m.group(1)), "stack_bytes": int(m.group(2)), "shared_bytes": cc.metadata.shared,
-            "ttgir": cc.asm["ttgir"]}
+            "ttgir": cc.asm["ttgir"], "warps": cc.metadata.num_warps,
+            "setmaxnreg": sorted({int(n) for n in re.findall(r"setmaxnreg\.(?:inc|dec)\.sync\.aligned\.u32\s+(\d+)",
+                                                            cc.asm["ptx"])})}
 
 
 def loop_loads(ttgir: str) -> str:
@@ -119,7 +123,10 @@ def tma_resources(kernel, types: dict, consts: dict, warps: int, stages: int) ->
 
 # per backward version: the sweep list in flash_attention_bwd_bench.py, and the kernel's constexprs
 BWD_VERSIONS = {"v2": ("SWEEP", dict(TMA=False, SIDE=0)), "v3": ("SWEEP_TMA", dict(TMA=True, SIDE=0)),
-                "v5": ("SWEEP_ATOMIC", dict(TMA=True, SIDE=1, DQ_ATOMIC=2))}
+                "v5": ("SWEEP_ATOMIC", dict(TMA=True, SIDE=1, DQ_ATOMIC=2)),
+                "v6": ("SWEEP_WS", dict(TMA=True, SIDE=1, ONE_LOOP=True))}
+# v6 is also compiled as v4's dK/dV side (three loops, not specialized) on the same tiles and warps, for comparison
+BWD_BESIDE = {"v6": ("v4", dict(TMA=True, SIDE=1))}
 
 
 def backward(args):
@@ -136,28 +143,38 @@ def backward(args):
     if flags["TMA"]:
         fa._ensure_allocator = lambda: None
     sweep = load_sweep(sweep_name)
-    print(f"backward {args.impl}\n{'D':>4s} {'config':34s} {'causal':>6s} {'GQA':>4s} {'regs':>5s} {'stack B':>8s} "
-          f"{'smem KiB':>8s}")
+    forms = [(args.impl, flags)] + ([BWD_BESIDE[args.impl]] if args.impl in BWD_BESIDE else [])
+    print(f"backward {args.impl}" + (f" (and {forms[1][0]}'s loops on the same tiles)" if len(forms) > 1 else "")
+          + f"\n{'D':>4s} {'config':34s} {'causal':>6s} {'GQA':>4s} {'form':>4s} {'regs':>5s} {'stack B':>8s} "
+          f"{'smem KiB':>8s} {'warps':>5s}  setmaxnreg")
     for d in args.head_dims:
         configs = [fa._bwd_blocks(d, torch.bfloat16, interpreted=False, impl=args.impl)] + [c for c in sweep
                                                                                              if d <= 128]
+        if args.quick:
+            configs = configs[:1]
+        if args.impl in BWD_BESIDE:  # the other version's own table tiles too (v4: 8 warps at D = 128, not 4)
+            configs.append(fa._bwd_blocks(d, torch.bfloat16, interpreted=False, impl=BWD_BESIDE[args.impl][0]))
         for cfg in dict.fromkeys(configs):
             m1, n1, m2, n2, w, s = cfg[:6]
             for causal in (False, True):
                 for gqa in (False, True):  # GROUP == 1 is specialized to a constant by Triton
-                    bd = max(16, triton.next_power_of_2(d))
-                    consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2,
-                                  CAUSAL=causal, PAD_D=bd != d, IEEE=False, **flags)
-                    if flags.get("DQ_ATOMIC"):
-                        consts["ROTATE"] = bool(cfg[6]) if len(cfg) > 6 else True
-                    if not gqa:
-                        consts["GROUP"] = 1
-                    try:
-                        r = compile_sm90(kern, types, consts, w, s)
-                        shown = f"{r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f}"
-                    except Exception as e:  # e.g. out of resources at compile time
-                        shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
-                    print(f"{d:4d} {str(cfg):34s} {str(causal):>6s} {str(gqa):>4s} {shown}", flush=True)
+                    for form, form_flags in (forms[1:] if cfg == configs[-1] and args.impl in BWD_BESIDE else forms):
+                        bd = max(16, triton.next_power_of_2(d))
+                        consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M1=m1, BLOCK_N1=n1, BLOCK_M2=m2, BLOCK_N2=n2,
+                                      CAUSAL=causal, PAD_D=bd != d, IEEE=False, **form_flags)
+                        if form_flags.get("DQ_ATOMIC"):
+                            consts["ROTATE"] = bool(cfg[6]) if len(cfg) > 6 else True
+                        for name, default in (("DQ_ATOMIC", 0), ("ROTATE", False), ("ONE_LOOP", False)):
+                            consts.setdefault(name, default)  # constexprs with defaults: else typed as i32 here
+                        if not gqa:
+                            consts["GROUP"] = 1
+                        try:
+                            r = compile_sm90(kern, types, consts, w, s)
+                            shown = (f"{r['regs']:5d} {r['stack_bytes']:8d} {r['shared_bytes'] / 1024:8.1f} "
+                                     f"{r['warps']:5d}  {r['setmaxnreg'] or '-'}")
+                        except Exception as e:  # e.g. out of resources at compile time
+                            shown = f"ERROR {type(e).__name__}: {str(e)[:80]}"
+                        print(f"{d:4d} {str(cfg):34s} {str(causal):>6s} {str(gqa):>4s} {form:>4s} {shown}", flush=True)
 
 
 def load_sweep(name: str = "SWEEP"):
@@ -272,6 +289,7 @@ def main(argv=None):
     ap.add_argument("--kernel", choices=["backward", "paged", "heads", "forward"], default="backward")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--impl", choices=list(BWD_VERSIONS), default="v2", help="backward: which version's sweep")
+    ap.add_argument("--quick", action="store_true", help="backward: the table's config only, not the sweep")
     ap.add_argument("--merge", choices=["launch", "ticket"], default="launch", help="paged: how splits are merged")
     ap.add_argument("--tma", action="store_true", help="paged: also v3 of the loop (TMA, host descriptors)")
     ap.add_argument("--ir", action="store_true", help="paged: also how the main loop moves data (from the TTGIR), "

@@ -44,7 +44,11 @@ SWEEP_SPLIT = [(64, 128, 128, 64, 8, 3, 8, 3), (64, 128, 128, 64, 8, 3, 4, 3), (
 SWEEP_ATOMIC = [(64, 128, 64, 128, 8, 2, 1), (64, 128, 64, 128, 8, 2, 0), (64, 128, 64, 128, 8, 3, 1),
                 (32, 128, 32, 128, 8, 3, 1), (64, 64, 64, 64, 4, 3, 1), (64, 64, 64, 64, 8, 3, 1),
                 (128, 128, 128, 128, 8, 2, 1), (32, 64, 32, 64, 4, 3, 1)]
-SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT, "v5": SWEEP_ATOMIC}
+# v6: v4 with its dK/dV side in one warp-specialized loop; 4 warps there become a producer and two consumer warp
+# groups (12 warps; benchmarks/aot_resources.py --impl v6); the dQ launch as v4's
+SWEEP_WS = [(64, 128, 128, 64, 4, 2, 8, 3), (64, 128, 128, 64, 4, 3, 8, 3), (32, 128, 128, 64, 4, 3, 8, 3),
+            (64, 64, 128, 64, 4, 2, 8, 3), (64, 128, 128, 64, 4, 2, 4, 3)]
+SWEEPS = {"v2": SWEEP, "v3": SWEEP_TMA, "v4": SWEEP_SPLIT, "v5": SWEEP_ATOMIC, "v6": SWEEP_WS}
 
 
 def forward_fn(name, causal, gqa):
@@ -109,7 +113,7 @@ def main(argv=None):
     ap.add_argument("--out")
     ap.add_argument("--points", nargs="+", default=["128:1024", "128:4096", "64:4096"], help="D:N pairs")
     ap.add_argument("--providers", nargs="+", default=["minillm_v1", "minillm_v2", "minillm_v3", "minillm_v4",
-                                                          "minillm_v5", "sdpa_flash", "sdpa_cudnn"])
+                                                          "minillm_v5", "minillm_v6", "sdpa_flash", "sdpa_cudnn"])
     ap.add_argument("--flex-points", nargs="*", default=["128:4096"], help="D:N pairs that also time flex")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32)
@@ -179,7 +183,8 @@ def main(argv=None):
                     if ms_graph is not None:
                         row.update(ms_fwd_bwd_graph=ms_graph,
                                    tflops_fwd_bwd_graph=3.5 * fwd_flops / (ms_graph * 1e-3) / 1e12)
-                    if name in ("minillm", "minillm_jit", "minillm_noplans", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5") and \
+                    if name in ("minillm", "minillm_jit", "minillm_noplans", "minillm_v2", "minillm_v3", "minillm_v4", "minillm_v5",
+                                "minillm_v6") and \
                             fa.last_backward_kernel is not None:  # (v1 has its own kernels; the default is v2-v4)
                         kern = fa.last_backward_kernel
                         row.update(config=fa.last_backward_config, path=fa.last_backward_path, regs=getattr(kern, "n_regs", None), spills=getattr(kern, "n_spills", None),
@@ -221,7 +226,8 @@ def sweep_point(args, B, H, Hkv, save, d, n):
             o, lse = fa._forward(q, k, v, causal, d ** -0.5)
             want = fa._backward(q, k, v, o, lse, do, causal, d ** -0.5, "v1")
             fwd_flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0)
-            flags = {"tma": impl in ("v3", "v4", "v5"), "split": impl == "v4", "dq_atomic": impl == "v5"}
+            flags = {"tma": impl in ("v3", "v4", "v5", "v6"), "split": impl in ("v4", "v6"), "dq_atomic": impl == "v5",
+                     "one_loop": impl == "v6"}
             for cfg in SWEEPS[impl]:
                 row = {"D": d, "N": n, "causal": causal, "provider": f"minillm_{impl}", "sweep": True, "config": cfg}
                 run = lambda: fa._backward_v2(q, k, v, o, lse, do, causal, d ** -0.5, config=cfg, **flags)  # noqa: E731

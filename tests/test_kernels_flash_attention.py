@@ -476,8 +476,9 @@ def test_flash_attention_backward_impls_match_reference(case, dtype, bwd_impl):
         np.testing.assert_allclose(g, w, atol=BWD_TOL[dtype], err_msg=f"d{name}")
     if bwd_impl != "v1":  # the path the version names was taken (an unaligned shape would fall back to pointers)
         aligned = case[5] * torch.tensor([], dtype=dtype).element_size() % 16 == 0
-        want_path = ("tma" if bwd_impl in ("v3", "v4", "v5") and aligned else "pointers",
-                     "split" if bwd_impl == "v4" else "one launch")
+        want_path = ("tma" if bwd_impl in ("v3", "v4", "v5", "v6") and aligned else "pointers",
+                     "split" if bwd_impl in ("v4", "v6") else "one launch")
+        # v6's one loop needs whole query tiles: no case here has them, so it runs v4's loops (tested below)
         if bwd_impl == "v5":  # TMA reductions compiled; the interpreter has none, so pointer atomics there
             want_path += ("tma reduce" if aligned and DEVICE == "cuda" else "pointer atomics",)
         assert fa.last_backward_path == want_path
@@ -539,6 +540,87 @@ def test_backward_v5_falls_back_to_pointer_atomics_when_the_tma_reduction_fails_
     assert (32, torch.float32) in fa._tma_reduce_failed
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=5e-5)
+
+
+# (b, hq, hkv, nq, nk, d, causal), the query length a multiple of the v6 query tile (16 interpreted, 64 compiled):
+# GQA, Nq < Nk, Nq > Nk (causal rows that see no key), a ragged last key tile, one query head
+V6_CASES = [(1, 4, 2, 2, 2, 32, True), (1, 4, 2, 3, 5, 32, True), (1, 2, 1, 4, 2.5, 64, True),
+            (1, 2, 2, 2, 2.8, 32, False), (2, 1, 1, 3, 3, 16, True)]
+V6_TILE = 16 if DEVICE == "cpu" else 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", V6_CASES)
+def test_backward_v6_one_loop_matches_reference(case, dtype):
+    """v6 runs the dK/dV side in one loop over every query tile, each masked (causal), and gets the float64
+    reference's gradients; the path says the one loop ran."""
+    from minillm.kernels import flash_attention as fa
+
+    b, hq, hkv, tq, tk, d, causal = case
+    nq, nk = int(tq * V6_TILE), int(tk * V6_TILE)
+    got, want = grads_and_reference(b, hq, hkv, nq, nk, d, causal, dtype,
+                                    lambda *t: fa._backward(*t, causal, d ** -0.5, "v6"))
+    assert fa.last_backward_path == ("tma", "split", "one warp-specialized loop")
+    for name, g, w in zip("qkv", got, want):
+        np.testing.assert_allclose(g, w, atol=BWD_TOL[dtype], err_msg=f"d{name}")
+
+
+def test_backward_v6_runs_v4_loops_on_a_ragged_query_length():
+    """A query length that is not a whole number of tiles needs the row masks of v4's last loop: v6 runs v4."""
+    from minillm.kernels import flash_attention as fa
+
+    got, want = grads_and_reference(1, 4, 2, V6_TILE + 5, 2 * V6_TILE, 32, True, torch.float32,
+                                    lambda *t: fa._backward(*t, True, 32 ** -0.5, "v6"))
+    assert fa.last_backward_path == ("tma", "split")
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=BWD_TOL[torch.float32])
+
+
+def test_backward_v6_falls_back_to_v4_loops_when_the_one_loop_fails_to_compile(monkeypatch):
+    """A Triton that cannot compile the warp-specialized loop (Triton 3.6 fails on some kernels of several
+    loops, triton#9728) runs v4's loops, remembers that per (head dim, dtype, causal), and says so in the path."""
+    from triton.compiler.errors import CompilationError
+
+    from minillm.kernels import flash_attention as fa
+
+    real = fa._bwd_kernel_v2
+    tried = []
+
+    class OneLoopDoesNotCompile:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                if kw.get("SIDE") == 1:
+                    tried.append(kw.get("ONE_LOOP", False))
+                    if kw.get("ONE_LOOP"):
+                        raise CompilationError("src", None, "NVGPUWarpSpecialization: PassManager::run failed")
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(fa, "_bwd_kernel_v2", OneLoopDoesNotCompile())
+    monkeypatch.setattr(fa, "_one_loop_failed", set())
+    monkeypatch.setattr(fa, "_bwd_config_chosen", {})
+    monkeypatch.setattr(fa, "fast_path_on", lambda: False)  # bind() through the patched kernel, no plan
+    got, want = grads_and_reference(1, 4, 2, 2 * V6_TILE, 2 * V6_TILE, 32, True, torch.float32,
+                                    lambda *t: fa._backward(*t, True, 32 ** -0.5, "v6"))
+    assert tried == [True, False] and fa.last_backward_path == ("tma", "split")
+    assert (32, torch.float32, True) in fa._one_loop_failed
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, atol=5e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_v6_is_right_on_fresh_inputs_gpu(causal):
+    """Warp specialization on Hopper has had races (the forward's v3 / v5 left the LSE unwritten in Triton
+    3.6): v6's gradients on ten fresh inputs, each within the math rule, on memory filled with NaN first."""
+    from minillm.kernels import flash_attention as fa
+
+    for seed in range(10):
+        torch.full((64 << 20,), float("nan"), device="cuda")  # freed at once: the caching allocator hands it back
+        q, k, v = make(1, 8, 2, 1024, 1024, 128, torch.bfloat16, seed=100 + seed)
+        assert_gradients_within_math_rule(q, k, v, causal,
+                                          lambda *t: flash_attention(*t, causal=causal, bwd_impl="v6"), seed=seed)
+        assert fa.last_backward_path == ("tma", "split", "one warp-specialized loop")
 
 
 def test_backward_v2_falls_back_when_the_table_config_does_not_fit(monkeypatch):
@@ -1023,7 +1105,7 @@ def _step(q, k, v, do, causal, bwd_impl=None):
 
 
 @pytest.mark.parametrize("fwd_impl,bwd_impl,causal", [("v1", "v2", True), ("v2", "v3", False), ("v3", "v4", False),
-                                                      ("v4", "v5", True), ("v5", "v2", False)])
+                                                      ("v4", "v5", True), ("v5", "v2", False), ("v2", "v6", True)])
 def test_flash_attention_plan_replay_skips_the_decisions(monkeypatch, fwd_impl, bwd_impl, causal):
     """With plans on (as on a GPU; here the launches still go through the interpreter), the second step of a
     shape makes none of the host's decisions again, and gives the same outputs, gradients, versions and

@@ -982,11 +982,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, di
                     sqh, sqn, sdh, sdn, GROUP, qk_scale, dq_src, sdqh, sdqn, sm_scale, shift,
                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_CAUSAL: tl.constexpr, CHECK_ROWS: tl.constexpr,
-                    PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr):
+                    PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr, DQ_ATOMIC: tl.constexpr,
+                    WS: tl.constexpr = False, LSE_DESC: tl.constexpr = False):
     """Query tiles [lo, hi) of each of the GROUP query heads against one key tile: dV += P^T dO, dK += dS^T Q
     (unscaled). One flat loop over (head, tile): a loop over heads around the tile loop spilled registers.
     With TMA, q_src and do_src are (GROUP, Nq, D) descriptors (rows past Nq read as zeros); otherwise
-    pointers to the group's first head.
+    pointers to the group's first head. LSE_DESC: lse2_base and delta_base are (GROUP, Nq) descriptors too,
+    so that every load of the loop is a TMA copy; WS warp-specializes the loop (backward v6).
 
     DQ_ATOMIC (backward v5) also adds this key tile's share of dQ, sm_scale * dS K, into a float32
     buffer: 1 by pointer atomics (dq_src points at the group's first head), 2 by TMA reductions
@@ -994,7 +996,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, di
     programs of one head, which all add into the same dQ rows, start on different rows."""
     dmask = dims < HEAD_DIM
     n_tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M  # >= 0: hi > lo - BLOCK_M in every call
-    for it in tl.range(0, n_tiles * GROUP):
+    for it in tl.range(0, n_tiles * GROUP, warp_specialize=WS):
         g = it // n_tiles
         t = it - g * n_tiles
         if DQ_ATOMIC > 0:
@@ -1007,7 +1009,10 @@ def _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, di
         else:
             qt = _load_tile(q_src + g * sqh + rows[None, :] * sqn + dims[:, None], in_q[None, :], dmask[:, None],
                             CHECK_ROWS, PAD_D)  # Q^T tile, (BLOCK_D, BLOCK_M)
-        if CHECK_ROWS:
+        if LSE_DESC:
+            lse2 = tl.reshape(lse2_base.load([g, r0]), [BLOCK_M])
+            delta = tl.reshape(delta_base.load([g, r0]), [BLOCK_M])
+        elif CHECK_ROWS:
             lse2 = tl.load(lse2_base + g * Nq + rows, mask=in_q, other=float("inf"))
             delta = tl.load(delta_base + g * Nq + rows, mask=in_q, other=0.0)
         else:
@@ -1073,9 +1078,14 @@ def _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_sc
                    DQ, sdqb, sdqh, sdqn,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
-                   DQ_ATOMIC: tl.constexpr, ROTATE: tl.constexpr):
+                   DQ_ATOMIC: tl.constexpr, ROTATE: tl.constexpr, ONE_LOOP: tl.constexpr = False):
     """dK, dV of key tile pid of KV head hk, summed over the GROUP query heads that share it; with
-    DQ_ATOMIC, also this tile's share of dQ, added into DQ (float32, zeroed by the caller)."""
+    DQ_ATOMIC, also this tile's share of dQ, added into DQ (float32, zeroed by the caller).
+
+    ONE_LOOP (backward v6; needs TMA and Nq a multiple of BLOCK_M1): one warp-specialized loop over every
+    query tile the key tile meets, the causal mask applied to each of them, instead of three loops (the
+    diagonal band, the unmasked interior, the ragged last tile): Triton 3.6 warp-specializes a kernel of
+    one loop on sm_90, and fails to compile one with several (results/aot_resources_bwd_v6_sm90.txt)."""
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < HEAD_DIM
     offset = Nk - Nq  # bottom-right alignment: query i sees keys j <= i + offset
@@ -1119,6 +1129,32 @@ def _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_sc
     else:
         dq_src = DQ + b * sdqb + h0 * sdqh
     shift = pid if ROTATE else 0
+    if ONE_LOOP:
+        lse2_src = tl.make_tensor_descriptor(lse2_base, shape=[GROUP, Nq], strides=[Nq, 1], block_shape=[1, BLOCK_M1])
+        delta_src = tl.make_tensor_descriptor(delta_base, shape=[GROUP, Nq], strides=[Nq, 1],
+                                              block_shape=[1, BLOCK_M1])
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_src, delta_src, cols, dims, lo, Nq,
+                                 Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, dq_src, sdqh, sdqn, sm_scale, shift,
+                                 HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, False, PAD_D, IEEE, TMA, DQ_ATOMIC,
+                                 WS=True, LSE_DESC=True)
+    else:
+        dk, dv = _bwd_dkdv_loops(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, lo, mid, full_q,
+                                 tail, Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, dq_src, sdqh, sdqn, sm_scale,
+                                 shift, HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, PAD_D, IEEE, TMA, DQ_ATOMIC)
+    tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
+             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _bwd_dkdv_loops(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, lo, mid, full_q, tail, Nq, offset,
+                    sqh, sqn, sdh, sdn, GROUP, qk_scale, dq_src, sdqh, sdqn, sm_scale, shift,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
+                    CAUSAL: tl.constexpr, PAD_D: tl.constexpr, IEEE: tl.constexpr, TMA: tl.constexpr,
+                    DQ_ATOMIC: tl.constexpr):
+    """v2-v5's three loops over the query tiles of one key tile: the diagonal band (causal), the unmasked
+    interior, the ragged last tile."""
     if CAUSAL:  # the diagonal band: causal mask and row mask
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, lo, mid,
                                  Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, dq_src, sdqh, sdqn, sm_scale, shift,
@@ -1129,10 +1165,7 @@ def _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_sc
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_src, do_src, lse2_base, delta_base, cols, dims, tail, Nq,
                              Nq, offset, sqh, sqn, sdh, sdn, GROUP, qk_scale, dq_src, sdqh, sdqn, sm_scale, shift,
                              HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, False, True, PAD_D, IEEE, TMA, DQ_ATOMIC)
-    tl.store(DK + b * sdkb + hk * sdkh + cols[:, None] * sdkn + dims[None, :],
-             (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * sdvb + hk * sdvh + cols[:, None] * sdvn + dims[None, :],
-             dv.to(DV.dtype.element_ty), mask=kv_mask)
+    return dk, dv
 
 
 @triton.jit
@@ -1190,10 +1223,11 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M1: tl.constexpr, BLOCK_N1: tl.constexpr,
                    BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr, CAUSAL: tl.constexpr, PAD_D: tl.constexpr,
                    IEEE: tl.constexpr, TMA: tl.constexpr, SIDE: tl.constexpr, DQ_ATOMIC: tl.constexpr = 0,
-                   ROTATE: tl.constexpr = False):
+                   ROTATE: tl.constexpr = False, ONE_LOOP: tl.constexpr = False):
     """SIDE 0: one launch, programs [0, NUM_KV_TILES) do dK/dV and the rest dQ; SIDE 1 / 2: a launch
     that compiles only the dK/dV side / only the dQ side (each then gets its own warps and stages);
-    SIDE 1 with DQ_ATOMIC: the dK/dV side adds dQ by atomics and there is no dQ side (v5)."""
+    SIDE 1 with DQ_ATOMIC: the dK/dV side adds dQ by atomics and there is no dQ side (v5); SIDE 1 with
+    ONE_LOOP: the dK/dV side in one warp-specialized loop (v6)."""
     pid = tl.program_id(0)
     bhk = tl.program_id(1)
     b = (bhk // Hkv).to(tl.int64)  # offsets pass 2^31 in tensors over 2 G elements
@@ -1202,7 +1236,7 @@ def _bwd_kernel_v2(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq,
         _bwd_dkdv_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DK, DV, sm_scale, qk_scale, Nq, Nk, Hq, GROUP,
                        sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
                        DQ, sdqb, sdqh, sdqn, HEAD_DIM, BLOCK_D, BLOCK_M1, BLOCK_N1, CAUSAL, PAD_D, IEEE, TMA,
-                       DQ_ATOMIC, ROTATE)
+                       DQ_ATOMIC, ROTATE, ONE_LOOP)
     elif SIDE == 2:
         _bwd_dq_tile(pid, b, hk, Q, K, V, DO, LSE2, DELTA, DQ, sm_scale, qk_scale, Nq, Nk, Hq, GROUP, NUM_Q_TILES,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sdqb, sdqh, sdqn,
@@ -1238,6 +1272,10 @@ def _bwd_blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v2"
         return (32, 64, 64, 32, 4, 1) if D <= 128 else (16, 32, 32, 16, 4, 1)
     if impl == "v5":  # (M1, N1, -, -, warps, stages, rotate): one side; FA3's 64 x 128 tile to start from
         return (64, 128, 64, 128, 8, 2, 1) if D <= 128 else (32, 64, 32, 64, 8, 1, 1)
+    if impl == "v6" and D <= 128:  # (M1, N1, M2, N2, warps, stages, dQ warps, stages): the dK/dV side's 4 warps become a
+        # producer and two consumer warp groups (12 warps) that compile without spilling at 64 x 128 and 2 stages
+        # (results/aot_resources_bwd_v6_sm90.txt); the dQ launch as v4's. Not timed yet: a starting point
+        return (64, 128, 128, 64, 4, 2, 8, 3) if D > 64 else (64, 128, 64, 64, 4, 2, 4, 3)
     if D <= 64 and impl == "v4":
         return 32, 64, 64, 64, 4, 3, 4, 3
     if D <= 64:  # v2, v3
@@ -1267,27 +1305,31 @@ def bwd_plan(D: int, dtype, causal: bool = False, n: int = 4096, interpreted: bo
 _BWD_FALLBACKS = ((64, 64, 64, 64, 4, 2), (32, 64, 64, 32, 4, 1), (16, 32, 32, 16, 4, 1))
 _bwd_config_chosen: dict = {}
 _tma_reduce_failed: set = set()  # (head dim, dtype) whose TMA reduction of dQ failed to compile once
+_one_loop_failed: set = set()  # (head dim, dtype, causal) whose warp-specialized dK/dV loop (v6) failed to compile
 last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
-last_backward_path = None  # ("tma" or "pointers", "split" or "one launch"[, how v5 added dQ]) of the latest v2-v5 call
+last_backward_path = None  # ("tma" or "pointers", "split" or "one launch"[, how v5 added dQ / v6's one loop]) of the latest v2-v6 call
 
 
 def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, tma: bool = False,
-                 split: bool = False, dq_atomic: bool = False):
+                 split: bool = False, dq_atomic: bool = False, one_loop: bool = False):
     """One preprocess launch and one backward launch (``split``: two, one per side, each compiled alone).
     ``tma`` loads the streamed tiles (Q, dO on the dK/dV side; K, V on the dQ side) through tensor
     descriptors. ``dq_atomic`` (v5): the dK/dV side alone, adding each tile's share of dQ into a
     zeroed float32 buffer (by TMA reductions when ``tma`` holds on a GPU, else by pointer atomics),
     cast to dQ's dtype at the end; the order of those float32 additions varies from run to run, so
-    dQ is not bit-reproducible. ``config`` = _bwd_blocks' tuple, plus (num_warps, num_stages) of the
-    dQ launch when split, overrides the table (and then an OutOfResources error propagates: the tune
-    sweep records it)."""
+    dQ is not bit-reproducible. ``one_loop`` (v6, with ``tma`` and ``split``): the dK/dV launch runs one
+    warp-specialized loop (``_bwd_dkdv_tile``'s ONE_LOOP) where the query length is a multiple of its query
+    tile and the dtype 16-bit (in the interpreter any dtype), else v4's three loops; a Triton that cannot
+    compile it also gets v4's, remembered per (head dim, dtype, causal). ``config`` = _bwd_blocks' tuple,
+    plus (num_warps, num_stages) of the dQ launch when split, overrides the table (and then an
+    OutOfResources error propagates: the tune sweep records it)."""
     global last_backward_kernel, last_backward_config, last_backward_path
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = Hq // Hkv
     plan_key = plan = None
     if PLANS and config is None and fast_path_on() and all(t.stride(-1) == 1 for t in (q, k, v, o, do)):
-        plan_key = ("bwd", _layout(q, k, v, o, do, lse), q.device, causal, scale, tma, split, dq_atomic)
+        plan_key = ("bwd", _layout(q, k, v, o, do, lse), q.device, causal, scale, tma, split, dq_atomic, one_loop)
         plan = _plans.get(plan_key)
     if plan is None:
         q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))
@@ -1311,6 +1353,9 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
                *o.stride()[:3], *do.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=pre_m)
     # v5 adds dQ into float32 by atomics; a TMA reduction that fails to compile falls back to pointer atomics
     reduce = 0 if not dq_atomic else 2 if tma and not INTERPRETED and (D, q.dtype) not in _tma_reduce_failed else 1
+    # v6's one warp-specialized dK/dV loop: TMA, two launches, and a dtype and Triton that were seen to compile it
+    one_loop = (one_loop and tma and split and not dq_atomic and (D, q.dtype, causal) not in _one_loop_failed
+                and (INTERPRETED or q.dtype in (torch.float16, torch.bfloat16)))
 
     def launch(cfg):
         m1, n1, m2, n2, warps, stages = cfg[:6]
@@ -1328,16 +1373,17 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
             return [bind(_bwd_kernel_v2, (n_kv + n_q * group, B * Hkv), 9, *args, SIDE=0, num_warps=warps,
                          num_stages=stages, **common)]
         warps2, stages2 = cfg[6:8] if len(cfg) >= 8 else (warps, stages)
+        ol = {"ONE_LOOP": True} if one_loop and Nq % m1 == 0 else {}  # every query tile whole: no row masks
         return [bind(_bwd_kernel_v2, (n_kv, B * Hkv), 9, *args, SIDE=1, num_warps=warps, num_stages=stages,
-                     **common),
+                     **ol, **common),
                 bind(_bwd_kernel_v2, (n_q * group, B * Hkv), 9, *args, SIDE=2, num_warps=warps2, num_stages=stages2,
                      **common)]
 
     if config is not None:
         candidates = [tuple(config)]
     else:
-        key = (D, q.dtype, tma, split, dq_atomic)
-        impl = "v5" if dq_atomic else "v4" if split else "v3" if tma else "v2"
+        key = (D, q.dtype, tma, split, dq_atomic, one_loop)
+        impl = "v5" if dq_atomic else "v6" if one_loop else "v4" if split else "v3" if tma else "v2"
         candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype, impl=impl))]
         candidates += [c for c in _BWD_FALLBACKS if c != candidates[0]]
     from triton.runtime.errors import OutOfResources
@@ -1349,15 +1395,20 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
             if i == len(candidates) - 1:
                 raise
             continue
-        except Exception:  # noqa: BLE001  (a TMA reduction that does not compile: pointer atomics instead)
-            if reduce != 2:
+        except Exception:  # noqa: BLE001  (a TMA reduction or a v6 loop that does not compile: v5's / v4's way)
+            if reduce == 2:
+                _tma_reduce_failed.add((D, q.dtype))
+            elif one_loop:
+                _one_loop_failed.add((D, q.dtype, causal))
+            else:
                 raise
-            _tma_reduce_failed.add((D, q.dtype))
-            return _backward_v2(q, k, v, o, lse, do, causal, scale, config, tma, split, dq_atomic)
+            return _backward_v2(q, k, v, o, lse, do, causal, scale, config, tma, split, dq_atomic, one_loop)
         if config is None:
             _bwd_config_chosen[key] = cfg
         last_backward_kernel, last_backward_config = mains[0].compiled, cfg
         last_backward_path = ("tma" if tma else "pointers", "split" if split else "one launch")
+        if one_loop and Nq % cfg[0] == 0:
+            last_backward_path += ("one warp-specialized loop",)
         if dq_atomic:
             last_backward_path += ("tma reduce" if reduce == 2 else "pointer atomics",)
         if plan_key is not None:
@@ -1367,16 +1418,17 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
 
 # v1: per-query-head dK/dV buffers; v2: one launch, GQA in the kernel; v3: v2 with TMA tile loads;
 # v4: v3 in two launches (dK/dV, then dQ), each side compiled alone with its own registers;
-# v5: v3's dK/dV side alone, adding dQ by atomics (FA2/FA3's way): 5 matmuls per tile pair instead of 7
-BWD_IMPLS = ("v1", "v2", "v3", "v4", "v5")
+# v5: v3's dK/dV side alone, adding dQ by atomics (FA2/FA3's way): 5 matmuls per tile pair instead of 7;
+# v6: v4 with the dK/dV side in one warp-specialized loop (a producer warp and two consumer warp groups)
+BWD_IMPLS = ("v1", "v2", "v3", "v4", "v5", "v6")
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, impl: str | None = None):
     impl = impl or bwd_plan(q.shape[-1], q.dtype, causal, q.shape[2])
     if impl == "v1":
         return _backward_v1(q, k, v, o, lse, do, causal, scale)
-    return _backward_v2(q, k, v, o, lse, do, causal, scale, tma=impl in ("v3", "v4", "v5"), split=impl == "v4",
-                        dq_atomic=impl == "v5")
+    return _backward_v2(q, k, v, o, lse, do, causal, scale, tma=impl in ("v3", "v4", "v5", "v6"),
+                        split=impl in ("v4", "v6"), dq_atomic=impl == "v5", one_loop=impl == "v6")
 
 
 class _FlashAttention(torch.autograd.Function):
