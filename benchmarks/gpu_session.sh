@@ -1045,6 +1045,16 @@ kernels54)  # issue 12: the checks left after kernels51 ran on the CPU only (the
     --variant SPLIT_MIN_N=65536 --out "$OUT/flash_attention_diag_branch32k_h200.json" \
     > "$OUT/flash_attention_diag_branch32k_h200.txt" 2>&1
   echo "32k rc=$?"; sed -n '/median ratio/,$p' "$OUT/flash_attention_diag_branch32k_h200.txt" | cut -c1-200 ;;
+kernels55)  # issue 12: backward v6 (v4 with the dK/dV side in one warp-specialized loop; compiled on a CPU only so far,
+  # results/aot_resources_bwd_v6_sm90.txt): its compiled tests (fresh inputs on NaN-filled memory, the tolerance rule),
+  # then v6 beside v3 / v4 and cuDNN / FA2 at the version points, and v6's tile sweep at D=128 N=4K (~7 min)
+  timeout 240 python3 -m pytest -q -rfEs -p no:cacheprovider tests/test_kernels_flash_attention.py \
+    -k "v6 or backward_impls_match or backward_gpu_tolerance or plan_replay" > "$OUT/kernel_tests_kernels55.txt" 2>&1
+  echo "tests rc=$?"; tail -3 "$OUT/kernel_tests_kernels55.txt" | cut -c1-300
+  timeout 330 python3 benchmarks/flash_attention_bwd_bench.py --points 128:4096 64:4096 128:1024 \
+    --providers minillm_v3 minillm_v4 minillm_v6 sdpa_flash sdpa_cudnn --flex-points --sweep 128:4096 --sweep-impls v6 \
+    --out "$OUT/flash_attention_bwd_v6_h200.json" > "$OUT/flash_attention_bwd_v6_h200.txt" 2>&1
+  echo "bench rc=$?"; grep -E "^ +(64|128) |causal=" "$OUT/flash_attention_bwd_v6_h200.txt" | cut -c1-200 ;;
 composed)  # chapter 10: the composed ladder (HF without and with cache, engine eager, graphs, continuous batching,
   # speculation), float32 so that every rung's greedy tokens can be checked; each model under its own timeout,
   # one results file each (merge into benchmarks/results/composed_h200.json and copy to minillm/results/)
