@@ -1,4 +1,4 @@
-"""Chapter 3: the hardware -- what a GPU can move and compute, and what attention asks of it.
+"""Chapter 4: the hardware -- what a GPU can move and compute, and what attention asks of it.
 
 Four pieces, NumPy and the standard library only:
 
@@ -95,9 +95,11 @@ GPUS: dict[str, GPUSpec] = {
         _HOPPER_SRC + "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (the datasheet's 1,979/3,958 TFLOP/s "
         "BF16/FP8 are with sparsity)."),
     "H200": GPUSpec(
-        "H200", 141 * GB, 4800 * GB, 132, 256 * KiB, 228 * KiB, 50 * MiB, 989.4e12, 989.4e12, 1978.9e12,
+        "H200", 141 * GB, 4800 * GB, 132, 256 * KiB, 228 * KiB, 60 * MiB, 989.4e12, 989.4e12, 1978.9e12,
         _HOPPER_SRC + "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM "
-        "(same GH100 chip)."),
+        "(same GH100 chip). L2 is not the H100 SXM's: 60 MiB (62,914,560 bytes) and 132 SMs as the CUDA device "
+        "query (torch.cuda.get_device_properties: L2_cache_size, multi_processor_count) reported on the book's "
+        "H200, recorded in benchmarks/results/hardware_h200.json (meta l2_bytes, sm_count)."),
     "B200": GPUSpec(
         "B200", 192 * GB, 8000 * GB, 148, 256 * KiB, 228 * KiB, 126 * MiB, 2.25e15, 2.25e15, 4.5e15,
         "NVIDIA DGX/HGX B200 datasheets and Blackwell architecture technical brief (2024): 192 GB HBM3e "

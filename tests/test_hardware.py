@@ -123,6 +123,19 @@ def test_gpu_table():
     assert hw.GPUS["T4"].bf16_flops is None and hw.GPUS["A100 80GB"].fp8_flops is None
 
 
+def test_h200_registry_matches_recorded_device_query():
+    # The H200's L2 and SM count come from the CUDA device query recorded with the chapter's measurements,
+    # not from the H100 SXM's whitepaper figures (50 MiB of L2 there).
+    from minillm.book import load_result
+
+    meta = load_result("hardware_h200.json")["meta"]
+    h200 = hw.GPUS["H200"]
+    assert meta["gpu"] == "NVIDIA H200"
+    assert h200.l2_bytes == meta["l2_bytes"] == 60 * hw.MiB
+    assert h200.sm_count == meta["sm_count"]
+    assert h200.l2_bytes != hw.GPUS["H100 SXM"].l2_bytes
+
+
 def test_ridge_h200_bf16():
     assert hw.get_gpu("H200").ridge("bf16") == pytest.approx(989e12 / 4.8e12, rel=1e-3)
     with pytest.raises(ValueError):
