@@ -194,7 +194,9 @@ def mla_attention_absorbed(params, cfg: MLAConfig, x, cache: MLACache, start_pos
 
     q_nope_h . (W_UK_h^T c) == (q_nope_h W_UK_h^T) . c, so each head's query moves into
     latent space (width c) and the scores read the cache directly. Seen from the
-    cache, this is multi-query attention with one key/value "head" [c, k_rope].
+    cache, this is multi-query attention with a single shared head whose key is
+    [c, k_rope] (width c + d_rope) and whose value is c alone (width c): the value
+    is the first c columns of the key, so it costs no storage of its own.
     """
     q_nope, q_rope, latent, k_rope = _project_and_cache(params, cfg, x, cache, start_pos)
     H, c = cfg.n_heads, cfg.kv_lora_rank

@@ -209,7 +209,9 @@ class QuantFormat:
 
 FORMATS: dict[str, QuantFormat] = {
     "fp16": QuantFormat("fp16", lambda x: (np.asarray(x, np.float16),), lambda a: a.astype(np.float32)),
-    # Per-tensor scale, as vLLM's fp8 KV cache does by default.
+    # One scale per tensor, the tensor's own amax / 448. vLLM's fp8 cache also keeps one scale per tensor,
+    # but by default sets it to 1.0; amax-derived scales come from a calibrated checkpoint or from its
+    # calculate_kv_scales option (docs.vllm.ai, features/quantization/quantized_kvcache).
     "fp8_e4m3": QuantFormat("fp8_e4m3", quantize_fp8, dequantize_fp8),
     # One scale per (batch, head, token), like int8 below: separates the effect of the scale from
     # that of e4m3's 3-bit mantissa.

@@ -14,7 +14,9 @@ Two formulas cover every model here:
 ``PAGE_INPUTS`` and ``page_table`` reproduce a source page's own table so that
 the chapter can show where it follows from its formula and where it does not.
 ``capacity`` puts the pieces together: how many sequences of a given length
-fit on a GPU once the weights and a workspace reserve are paid for.
+fit on one or more GPUs once the weights and a workspace reserve are paid for;
+``GPUS`` holds each GPU's memory as the device reports it, with its source in
+``GPU_MEMORY_SOURCES``.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 GIB = 1024**3  # what the page divides by, and what nvidia-smi reports in
-GB = 10**9  # what GPU vendors and parameter counts use
+GB = 10**9  # what parameter counts use; GPU vendors' "GB" is only a label (see GPUS)
 
 # Bytes per element. 4-bit formats pack two elements per byte, hence 0.5.
 DTYPE_BYTES: dict[str, float] = {
@@ -251,18 +253,51 @@ def page_table(n_tokens=32_000) -> list[PageRow]:
     return rows
 
 
-# HBM per GPU in decimal bytes, as the vendors quote it ("80 GB" -> 80e9).
-# Physical capacity is a little larger (an H100's 80 GB is 80 GiB of HBM, of
-# which nvidia-smi shows about 79.6 GiB usable), so these err on the small side.
+# Memory per GPU in bytes, as the device reports it to CUDA (cudaDeviceProp::totalGlobalMem, which
+# torch.cuda.get_device_properties(i).total_memory returns): the most a program can allocate. The
+# marketing "GB" is a rounded label, not 10**9 bytes: HBM comes in binary-sized stacks (an "80 GB"
+# H100 SXM carries five 16 GiB stacks) of which the driver keeps a little, so an "80 GB" card reports
+# about 79.2 GiB (85.0e9 bytes). The figure moves by a few MiB between driver versions.
 GPUS: dict[str, int] = {
-    "T4": 16 * GB,
-    "L40S": 48 * GB,
-    "A100 40GB": 40 * GB,
-    "A100 80GB": 80 * GB,
-    "H100 SXM": 80 * GB,
-    "H200": 141 * GB,
-    "B200": 192 * GB,  # the launch figure; some B200 systems list 180 GB per GPU
+    "T4": 15_843_721_216,
+    "L40S": 47_803_596_800,
+    "A100 40GB": 42_298_834_944,
+    "A100 80GB": 85_100_068_864,
+    "H100 SXM": 85_045_477_376,
+    "H200": 150_109_880_320,
+    "B200": round(178.35 * GIB),
 }
+GPU_MEMORY_SOURCES: dict[str, str] = {
+    "T4": "deviceQuery on a Tesla T4 (driver 11.0): 15110 MBytes (15843721216 bytes), "
+          "https://chiemon.github.io/2024/12/25/%E6%98%BE%E5%8D%A1%E4%BF%A1%E6%81%AF.html",
+    "L40S": "deviceQuery on an NVIDIA L40S (driver 12.4): 45589 MBytes (47803596800 bytes), "
+            "github.com/thamada/nvidia-smi nvsim/L40S_deviceQuery.py",
+    "A100 40GB": "deviceQuery on an NVIDIA A100-SXM4-40GB (driver 12.2): 40339 MBytes (42298834944 bytes), "
+                 "https://github.com/bottlerocket-os/bottlerocket/pull/3873",
+    "A100 80GB": "deviceQuery on an NVIDIA A100-SXM4-80GB (driver 12.5): 81158 MBytes (85100068864 bytes), "
+                 "github.com/thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py",
+    "H100 SXM": "deviceQuery on an NVIDIA H100 80GB HBM3 (driver 12.7): 81106 MBytes (85045477376 bytes), "
+                "github.com/thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py",
+    "H200": "recorded on this book's H200: total_memory_bytes in minillm/results/hardware_h200.json "
+            "(torch.cuda.get_device_properties(0).total_memory)",
+    "B200": "device query on an NVIDIA B200, to 0.01 GiB only: it prints 'Total Global Memory: 178.35 GB', "
+            "which is GiB (182631 MiB in torch's device properties), https://github.com/pytorch/ao/pull/4002",
+}
+
+
+def kv_bytes_per_gpu(model: ModelSpec, n_tokens, n_gpus, dtype_bytes=2, batch=1) -> int:
+    """Cache bytes each of ``n_gpus`` tensor-parallel GPUs holds for ``batch`` sequences of ``n_tokens``.
+
+    Tensor parallelism splits attention by head, so each GPU keeps the K and V of its own KV heads:
+    ``ceil(n_kv_heads / n_gpus)`` of them. With fewer KV heads than GPUs (MQA on two GPUs, or 8 KV heads
+    on 16) a head is copied onto several GPUs. MLA's latent is one "head" shared by all query heads, so
+    every GPU holds all of it.
+    """
+    n_gpus = _positive_int("n_gpus", n_gpus)
+    if model.attention == "MLA":
+        return model.kv_bytes(n_tokens, dtype_bytes, batch)
+    heads_here = -(-model.n_kv_heads // n_gpus)
+    return gqa_kv_bytes(n_tokens, model.n_layers, heads_here, model.d_head, dtype_bytes, batch)
 
 
 @dataclass(frozen=True)
@@ -275,40 +310,56 @@ class Capacity:
     context_len: int
     weight_dtype: str
     cache_dtype: str
+    tensor_parallel: bool  # cache split by KV head over the GPUs (False: the GPUs pool their memory)
     gpu_bytes: int  # all GPUs together
     weight_bytes: int
     reserve_bytes: int
     free_for_cache_bytes: int  # negative when the weights and reserve do not fit
-    kv_bytes_per_sequence: int
+    kv_bytes_per_sequence: int  # one sequence's cache
+    kv_footprint_per_sequence: int  # what one sequence occupies on all GPUs together, copies included
     max_sequences: int
     fits_weights: bool  # weights fit beside the reserve
     within_max_context: bool  # context_len <= the model's published max_context
 
-    def summary(self) -> str:
-        def gb(n):
-            return f"{n / GB:.1f} GB"
+    @property
+    def kv_copies(self) -> float:
+        """How many times each cached number is stored: 1 when pooled or when the KV heads split evenly."""
+        return self.kv_footprint_per_sequence / self.kv_bytes_per_sequence
 
-        head = (f"{self.model_name} on {self.n_gpus}x {self.gpu_name} ({gb(self.gpu_bytes)}), "
-                f"{self.context_len:,}-token sequences: weights {gb(self.weight_bytes)} ({self.weight_dtype}) "
-                f"+ reserve {gb(self.reserve_bytes)}")
+    def summary(self) -> str:
+        def gib(n):
+            return f"{n / GIB:.1f} GiB"
+
+        head = (f"{self.model_name} on {self.n_gpus}x {self.gpu_name} ({gib(self.gpu_bytes)}), "
+                f"{self.context_len:,}-token sequences: weights {gib(self.weight_bytes)} ({self.weight_dtype}) "
+                f"+ reserve {gib(self.reserve_bytes)}")
         if not self.fits_weights:
-            tail = f"; weights do not fit (short by {gb(-self.free_for_cache_bytes)})"
+            tail = f"; weights do not fit (short by {gib(-self.free_for_cache_bytes)})"
         else:
-            tail = (f" leave {gb(self.free_for_cache_bytes)} for the cache at {gb(self.kv_bytes_per_sequence)} "
-                    f"per sequence ({self.cache_dtype}): {self.max_sequences} sequence(s)")
+            copies = (f", stored {self.kv_copies:g} times under tensor parallelism" if self.kv_copies > 1 else "")
+            tail = (f" leave {gib(self.free_for_cache_bytes)} for the cache at {gib(self.kv_bytes_per_sequence)} "
+                    f"per sequence ({self.cache_dtype}{copies}): {self.max_sequences} sequence(s)")
         if not self.within_max_context:
             tail += " [context longer than the model's published maximum]"
         return head + tail
 
 
 def capacity(model, gpu, context_len, weight_dtype="bf16", cache_dtype="fp16", activation_reserve=0.10,
-             n_gpus=1) -> Capacity:
+             n_gpus=1, tensor_parallel=False) -> Capacity:
     """Sequences of ``context_len`` tokens whose KV cache fits after weights and reserve.
 
     ``model``: a ModelSpec or a name in MODELS. ``gpu``: a name in GPUS or bytes per GPU.
     ``activation_reserve``: the fraction of GPU memory held back for activations and workspace.
-    Weights and cache are assumed spread evenly over ``n_gpus`` (tensor parallel), so the GPUs
-    act as one pool.
+    The weights are assumed spread evenly over ``n_gpus``. The cache:
+
+    * ``tensor_parallel=False``: the GPUs act as one pool, every cached number stored once. That is what
+      data-parallel attention achieves (each GPU holds whole sequences), and what tensor parallelism
+      achieves when the KV heads divide evenly among the GPUs;
+    * ``tensor_parallel=True``: every sequence is split by KV head over all GPUs (``kv_bytes_per_gpu``),
+      so MQA on several GPUs and MLA store copies: an MLA latent is held by every GPU.
+
+    ``max_sequences`` is computed whatever the context; ``within_max_context`` says whether the model
+    can take sequences that long at all.
     """
     if isinstance(model, str):
         if model not in MODELS:
@@ -322,23 +373,27 @@ def capacity(model, gpu, context_len, weight_dtype="bf16", cache_dtype="fp16", a
         gpu_name, per_gpu = gpu, GPUS[gpu]
     else:
         per_gpu = _positive_int("gpu (bytes)", gpu)
-        gpu_name = f"{per_gpu / GB:g} GB GPU"
+        gpu_name = f"{per_gpu / GIB:.1f} GiB GPU"
     context_len = _positive_int("context_len", context_len)
     n_gpus = _positive_int("n_gpus", n_gpus)
     if isinstance(activation_reserve, bool) or not isinstance(activation_reserve, numbers.Real) \
             or not 0 <= activation_reserve < 1:
         raise ValueError(f"activation_reserve must be a fraction in [0, 1), got {activation_reserve!r}")
+    if not isinstance(tensor_parallel, bool):
+        raise ValueError(f"tensor_parallel must be True or False, got {tensor_parallel!r}")
 
     gpu_bytes = per_gpu * n_gpus
     weight_bytes = model.weight_bytes(weight_dtype)
     reserve_bytes = round(gpu_bytes * activation_reserve)
     free = gpu_bytes - reserve_bytes - weight_bytes
     per_sequence = model.kv_bytes(context_len, cache_dtype)
+    footprint = (n_gpus * kv_bytes_per_gpu(model, context_len, n_gpus, cache_dtype) if tensor_parallel
+                 else per_sequence)
     return Capacity(
         model_name=model.name, gpu_name=gpu_name, n_gpus=n_gpus, context_len=context_len,
-        weight_dtype=str(weight_dtype), cache_dtype=str(cache_dtype),
+        weight_dtype=str(weight_dtype), cache_dtype=str(cache_dtype), tensor_parallel=tensor_parallel,
         gpu_bytes=gpu_bytes, weight_bytes=weight_bytes, reserve_bytes=reserve_bytes,
-        free_for_cache_bytes=free, kv_bytes_per_sequence=per_sequence,
-        max_sequences=max(0, free // per_sequence), fits_weights=free >= 0,
+        free_for_cache_bytes=free, kv_bytes_per_sequence=per_sequence, kv_footprint_per_sequence=footprint,
+        max_sequences=max(0, free // footprint), fits_weights=free >= 0,
         within_max_context=context_len <= model.max_context,
     )

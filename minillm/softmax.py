@@ -1,9 +1,10 @@
 """Chapter 5: three softmaxes and the merge that makes attention streamable.
 
 * ``softmax``       the definition, exp(x) / sum(exp(x)); overflows for large inputs.
-* ``safe_softmax``  two passes: find the max m, then exp(x - m) / sum(exp(x - m)).
+* ``safe_softmax``  three passes: find the max m, sum exp(x - m), then divide exp(x - m) by that sum.
 * ``online_softmax`` finds m and the normalizer l in ONE pass over tiles, rescaling
-  the running sum whenever the running max grows: l <- l * exp(m_old - m_new) + sum(exp(tile - m_new)).
+  the running sum whenever the running max grows: l <- l * exp(m_old - m_new) + sum(exp(tile - m_new));
+  a second pass then writes exp(x - m) / l.
 
 The same rescaling merges any two partial results of attention computed over
 disjoint sets of keys. A partial is (m, l, o): the max score, the sum of
@@ -35,7 +36,7 @@ def softmax(x) -> np.ndarray:
 
 
 def safe_softmax(x) -> np.ndarray:
-    """Two passes over the row: the max, then the shifted exponentials. Never overflows."""
+    """Three passes over the row: the max, the sum of the shifted exponentials, the division. Never overflows."""
     x = _as_float(x)
     m = x.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)  # an all -inf row stays all zeros instead of NaN

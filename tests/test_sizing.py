@@ -2,9 +2,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minillm.book import load_result
 from minillm.sizing import (
     DTYPE_BYTES,
+    GB,
     GIB,
+    GPU_MEMORY_SOURCES,
     GPUS,
     MODELS,
     PAGE_INPUTS,
@@ -13,6 +16,7 @@ from minillm.sizing import (
     capacity,
     dtype_bytes,
     gqa_kv_bytes,
+    kv_bytes_per_gpu,
     mla_kv_bytes,
     page_table,
 )
@@ -234,13 +238,17 @@ def test_capacity_rejects_bad_context_and_gpu_count():
     weight_dtype=st.sampled_from(["bf16", "fp8", "int4"]),
     cache_dtype=st.sampled_from(["fp16", "fp8", "fp4"]),
     reserve=st.floats(0, 0.5),
+    tensor_parallel=st.booleans(),
 )
-def test_capacity_max_sequences_is_floor_of_free_over_per_sequence(
-        name, gpu, n_gpus, context_len, weight_dtype, cache_dtype, reserve):
-    cap = capacity(name, gpu, context_len, weight_dtype, cache_dtype, reserve, n_gpus)
+def test_capacity_max_sequences_is_floor_of_free_over_footprint(
+        name, gpu, n_gpus, context_len, weight_dtype, cache_dtype, reserve, tensor_parallel):
+    cap = capacity(name, gpu, context_len, weight_dtype, cache_dtype, reserve, n_gpus, tensor_parallel)
     assert cap.gpu_bytes == cap.weight_bytes + cap.reserve_bytes + cap.free_for_cache_bytes
+    assert cap.kv_footprint_per_sequence >= cap.kv_bytes_per_sequence
+    if not tensor_parallel:
+        assert cap.kv_footprint_per_sequence == cap.kv_bytes_per_sequence
     if cap.fits_weights:
-        per = cap.kv_bytes_per_sequence
+        per = cap.kv_footprint_per_sequence
         assert cap.max_sequences * per <= cap.free_for_cache_bytes < (cap.max_sequences + 1) * per
     else:
         assert cap.max_sequences == 0 and cap.free_for_cache_bytes < 0
@@ -262,11 +270,53 @@ def test_capacity_70b_bf16_weights_do_not_fit_one_h100():
 
 def test_capacity_accepts_spec_and_gpu_bytes():
     by_name = capacity("Llama 3.1 8B", "H100 SXM", 8192)
-    by_value = capacity(MODELS["Llama 3.1 8B"], 80e9, 8192)
+    by_value = capacity(MODELS["Llama 3.1 8B"], float(GPUS["H100 SXM"]), 8192)
     assert by_value.max_sequences == by_name.max_sequences > 0
-    assert "Llama 3.1 8B" in by_value.summary()
+    assert "Llama 3.1 8B" in by_value.summary() and "79.2 GiB GPU" in by_value.summary()
 
 
 def test_capacity_flags_context_beyond_model_maximum():
     assert not capacity("Llama 2 7B", "H100 SXM", 8192).within_max_context
     assert capacity("Llama 3.1 8B", "H100 SXM", 8192).within_max_context
+
+
+def test_gpus_memory_is_what_the_device_reports_not_the_decimal_label():
+    # An "80 GB" H100 reports 79.2 GiB to CUDA: more than 80e9 bytes, a little less than 80 GiB.
+    assert 80 * GB < GPUS["H100 SXM"] < 80 * GIB and round(GPUS["H100 SXM"] / GIB, 1) == 79.2
+    assert 80 * GB < GPUS["A100 80GB"] < 80 * GIB
+    assert 141 * GB < GPUS["H200"] < 141 * GIB
+    assert set(GPU_MEMORY_SOURCES) == set(GPUS) and all(GPU_MEMORY_SOURCES.values())
+
+
+def test_gpus_h200_is_the_recorded_device_memory():
+    assert GPUS["H200"] == load_result("hardware_h200.json")["meta"]["total_memory_bytes"]
+
+
+def test_kv_bytes_per_gpu_splits_kv_heads_and_copies_the_rest():
+    l70, falcon, ds = MODELS["Llama 3.1 70B"], MODELS["Falcon 7B"], MODELS["DeepSeek V2 236B"]
+    full = l70.kv_bytes(1000)
+    assert kv_bytes_per_gpu(l70, 1000, 1) == full
+    assert kv_bytes_per_gpu(l70, 1000, 8) * 8 == full      # one KV head per GPU
+    assert kv_bytes_per_gpu(l70, 1000, 16) * 8 == full     # still one head per GPU: each head on two GPUs
+    assert kv_bytes_per_gpu(falcon, 1000, 2) == falcon.kv_bytes(1000)  # MQA: the single head on both
+    assert kv_bytes_per_gpu(ds, 1000, 8) == ds.kv_bytes(1000)          # MLA: the whole latent on every GPU
+
+
+@pytest.mark.parametrize("n_gpus", [1, 2, 4, 8])
+def test_capacity_tensor_parallel_equals_pooled_when_kv_heads_divide(n_gpus):
+    pooled = capacity("Llama 3.1 70B", "H200", 32_000, n_gpus=n_gpus)
+    tp = capacity("Llama 3.1 70B", "H200", 32_000, n_gpus=n_gpus, tensor_parallel=True)
+    assert tp.kv_copies == 1 and tp.max_sequences == pooled.max_sequences
+
+
+def test_capacity_tensor_parallel_copies_mla_latent_on_every_gpu():
+    pooled = capacity("DeepSeek V2 236B", "H200", 32_000, n_gpus=8)
+    tp = capacity("DeepSeek V2 236B", "H200", 32_000, n_gpus=8, tensor_parallel=True)
+    assert tp.kv_copies == 8 and tp.kv_footprint_per_sequence == 8 * pooled.kv_bytes_per_sequence
+    assert tp.max_sequences == pooled.max_sequences // 8 < pooled.max_sequences
+    assert "stored 8 times under tensor parallelism" in tp.summary()
+
+
+def test_capacity_rejects_non_bool_tensor_parallel():
+    with pytest.raises(ValueError, match="tensor_parallel must be True or False"):
+        capacity("Llama 3.1 8B", "H100 SXM", 1000, tensor_parallel="yes")
