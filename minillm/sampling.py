@@ -48,9 +48,17 @@ def mix32(x):
 
 
 def counter_uniform(seed: np.ndarray, step: np.ndarray, vocab_size: int) -> np.ndarray:
-    """Uniforms in (0, 1), shape (S, V): a fixed function of (seed[s], step[s], token id)."""
-    seed = np.asarray(seed, np.uint64)[:, None] & np.uint64(_M32)
-    step = np.asarray(step, np.uint64)[:, None] & np.uint64(_M32)
+    """Uniforms in (0, 1), shape (S, V): a fixed function of (seed[s], step[s], token id).
+
+    Seeds and steps are hashed as 32-bit integers, so both must lie in [0, 2**32): a larger seed would
+    silently give the same draws as seed mod 2**32, and is refused instead."""
+    seed, step = np.asarray(seed), np.asarray(step)
+    for name, a in (("seed", seed), ("step", step)):
+        if a.size and (a.min() < 0 or a.max() > _M32):
+            raise ValueError(f"counter_uniform hashes 32-bit integers: every {name} must lie in [0, 2**32), "
+                             f"got values in [{a.min()}, {a.max()}]")
+    seed = seed.astype(np.uint64)[:, None]
+    step = step.astype(np.uint64)[:, None]
     ids = np.arange(vocab_size, dtype=np.uint64)[None, :]
     h = mix32(mix32(mix32(seed ^ np.uint64(0x9E3779B9)) ^ step) ^ ids)
     h = mix32(h ^ (seed * np.uint64(0x85EBCA6B) & np.uint64(_M32)))

@@ -128,3 +128,14 @@ def test_sub_seed_streams_are_uncorrelated():
     for i in range(4):
         for j in range(i + 1, 4):
             assert abs(np.corrcoef(us[i], us[j])[0, 1]) < 4 / np.sqrt(n)
+
+
+def test_counter_uniform_rejects_seeds_and_steps_outside_32_bits():
+    """The hash reads 32 bits: seed 7 + 2**32 would alias seed 7, so it is refused; 2**32 - 1 is the largest."""
+    u = counter_uniform(np.array([0, 2**32 - 1]), np.array([0, 2**32 - 1]), 4)
+    assert u.shape == (2, 4) and ((u > 0) & (u < 1)).all()
+    for seed, step in ((2**32 + 7, 0), (-1, 0), (7, 2**32), (7, -1)):
+        with pytest.raises(ValueError, match="2\\*\\*32"):
+            counter_uniform(np.array([seed]), np.array([step]), 4)
+    with pytest.raises(ValueError, match="seed"):
+        sample_batch(np.zeros((1, 4)), 1.0, 0, 1.0, np.array([2**32 + 7]), np.array([0]))

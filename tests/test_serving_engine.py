@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from minillm.decode import cached_decode
-from minillm.serving import LLM, LLMEngine, NumpyRunner, RequestRejected, SamplingParams, SchedulerConfig
+from minillm.serving import LLM, BlockManager, LLMEngine, NumpyRunner, RequestRejected, SamplingParams, SchedulerConfig
 from minillm.tokenizer import EOS
 
 
@@ -153,6 +153,7 @@ def test_engine_stream_yields_tokens_while_others_run(small_model):
     ([1.5, 2.0], SamplingParams(), TypeError, "integers"),
     ([[1, 2]], SamplingParams(), ValueError, "1-D"),
     ([1, 2], "greedy", TypeError, "SamplingParams"),
+    ([1, 2], SamplingParams(stop_token_ids=(7, 300)), ValueError, r"stop_token_ids \[300\].*vocabulary"),
 ])
 def test_engine_rejects_bad_requests_and_keeps_the_others(small_model, prompt, params, exc, match):
     eng = make_engine(small_model)
@@ -169,11 +170,56 @@ def test_engine_rejects_bad_requests_and_keeps_the_others(small_model, prompt, p
 @pytest.mark.parametrize("kw,match", [
     (dict(max_tokens=0), "max_tokens"), (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(temperature=float("nan")), "temperature"),
-    (dict(seed=-1), "seed"),
+    (dict(seed=-1), "seed"), (dict(seed=2**32), r"seed.*2\*\*32"), (dict(stop_token_ids=(3, -3)), "stop_token_ids"),
 ])
 def test_sampling_params_reject_bad_values(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("stop", [5, "ab", b"ab", ("a",), (2.0,), (True,), None])
+def test_sampling_params_reject_stop_token_ids_that_are_not_token_ids(stop):
+    with pytest.raises(TypeError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=stop)
+
+
+def test_sampling_params_keep_stop_token_ids_from_any_iterable_and_the_largest_seed():
+    assert SamplingParams(stop_token_ids=[3, np.int64(4)]).stop_token_ids == (3, 4)
+    assert SamplingParams(stop_token_ids=np.array([5])).stop_token_ids == (5,)
+    assert SamplingParams(seed=2**32 - 1).seed == 2**32 - 1
+
+
+def test_engine_rejects_a_bad_arrival_time_and_keeps_the_others(small_model):
+    eng = make_engine(small_model)
+    good = eng.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    for bad in (float("nan"), float("inf"), "now"):
+        with pytest.raises(ValueError, match="arrival_time"):
+            eng.add_request([1, 2], SamplingParams(), arrival_time=bad)
+    eng.run()
+    assert eng.output(good).token_ids == cached_decode(small_model, [1, 2, 3], 4).new_tokens
+    assert len(eng.requests) == 1
+
+
+def test_generate_checks_stop_token_ids_before_queueing_any(small_model):
+    eng = make_engine(small_model)
+    with pytest.raises(ValueError, match="prompt 1: stop_token_ids"):
+        eng.generate([[1, 2], [3]], [SamplingParams(), SamplingParams(stop_token_ids=(10**6,))], progress=False)
+    assert not eng.requests
+
+
+@pytest.mark.parametrize("kw,match", [(dict(block_size=0), "block_size"), (dict(block_size=-4), "block_size"),
+                                      (dict(block_size=2.5), "block_size"), (dict(num_blocks=0), "num_blocks"),
+                                      (dict(num_blocks=-1), "num_blocks"), (dict(max_num_seqs=0), "max_num_seqs")])
+def test_llm_rejects_bad_pool_settings(small_model, kw, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(small_model, **kw)
+
+
+def test_numpy_runner_rejects_bad_pool_settings(small_model):
+    with pytest.raises(ValueError, match="block_size"):
+        NumpyRunner(small_model, 8, 0)
+    with pytest.raises(ValueError, match="num_blocks"):
+        NumpyRunner(small_model, -2, 8)
 
 
 def test_engine_rejects_a_request_larger_than_the_whole_pool(small_model):
@@ -250,3 +296,159 @@ def test_engine_step_observers_see_every_step_before_it_runs(small_model):
     assert len(seen) == len(ran) == eng.scheduler.num_steps
     assert [n for n, _ in seen] == [b.num_tokens for b in ran]
     assert [before for _, before in seen] == list(range(len(ran)))    # each observed before its step ran
+
+
+# -- a stop or EOS token inside an accepted speculative run -------------------------------------------------
+
+STOP_PROMPT = "for i in range(10):\n    print(i)\n" * 2 + "for i in range(10):\n"
+GOOD_PROMPT = "def fib(n):\n"
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    from minillm import load_model
+    return load_model("draft")
+
+
+def stop_engine(target, drafter, k, block_size, eos=None):
+    """An engine over the tiny model with ``eos`` as its end-of-sequence id and an n-gram or draft-model
+    drafter (k = 0: no speculation)."""
+    from minillm.serving.draft import DraftModelProposer
+    from minillm.speculative import NgramDrafter
+    cfg = target.config
+    num_blocks = -(-400 // block_size)
+    d = None
+    if k:
+        d = NgramDrafter() if drafter == "ngram" else DraftModelProposer(NumpyRunner(drafter, num_blocks, block_size))
+    return LLMEngine(NumpyRunner(target, num_blocks, block_size), num_blocks, block_size, cfg.max_seq_len,
+                     cfg.vocab_size, SchedulerConfig(num_speculative_tokens=k), eos_token_id=eos, drafter=d)
+
+
+def serve_pair(eng, bad_params, good_params):
+    """Run the stop request and a good request together, checking the pool's invariants every step."""
+    from minillm.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    bad = eng.add_request(tok.encode(STOP_PROMPT), bad_params)
+    good = eng.add_request(tok.encode(GOOD_PROMPT), good_params)
+    drafted = []                                  # (tokens the stop request had emitted, its draft) per step
+    eng.add_step_observer(lambda b: drafted.extend(
+        (len(s.output), list(d)) for s, d in zip(b.seqs, b.drafts) if s.seq_id == bad and d))
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        eng.block_manager.check_invariants(eng.scheduler.running + list(eng.scheduler.waiting))
+        steps += 1
+        assert steps < 500, "no progress"
+    assert eng.block_manager.num_free == eng.block_manager.num_blocks          # nothing leaked
+    assert eng.proposer is None or not eng.proposer._written                   # draft caches released
+    return eng.output(bad), eng.output(good), drafted
+
+
+def first_token_mid_accepted_run(out, drafted):
+    """(token, index): a token whose first occurrence in ``out`` is an accepted draft followed by at least
+    one more accepted draft of the same step -- where emitting stops early inside a verified run."""
+    for before, d in drafted:
+        a = 0
+        while a < len(d) and before + a < len(out) and out[before + a] == d[a]:
+            a += 1                                # the verifier never returns a rejected draft itself
+        for m in range(a - 1):
+            if out[before + m] not in out[:before + m]:
+                return out[before + m], before + m
+    return None
+
+
+@pytest.mark.parametrize("block_size", [1, 8])
+@pytest.mark.parametrize("kind", ["stop_token", "eos"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("drafter_name", ["ngram", "draft"])
+def test_engine_speculative_stop_inside_accepted_drafts_equals_plain_engine(tiny_model, draft_model, kind,
+                                                                           temperature, drafter_name, block_size):
+    """A stop token (or EOS) that the verifier accepts with more accepted drafts after it: the request stops
+    right there with the tokens the engine without the stop gives, cut after the stop token -- in greedy,
+    the plain engine's tokens -- its K/V cache is cut back to the kept tokens (pool invariants every step,
+    no block leaked), and the request beside it completes with its usual tokens."""
+    drafter = "ngram" if drafter_name == "ngram" else draft_model
+    k = 4
+    sp = dict(temperature=temperature, max_tokens=40)
+    free_run = SamplingParams(**sp, seed=1, ignore_eos=True)
+    good = SamplingParams(temperature=temperature, max_tokens=30, seed=2, ignore_eos=True)
+    ref_bad, ref_good, drafted = serve_pair(stop_engine(tiny_model, drafter, k, block_size), free_run, good)
+    found = first_token_mid_accepted_run(ref_bad.token_ids, drafted)
+    assert found is not None, "the scenario did not occur: no token first appears inside an accepted run"
+    stop, at = found
+    expect = ref_bad.token_ids[:at + 1]
+
+    def stopped(k):
+        if kind == "stop_token":
+            return serve_pair(stop_engine(tiny_model, drafter, k, block_size), SamplingParams(**sp, seed=1, stop_token_ids=(stop,)),
+                              good)
+        return serve_pair(stop_engine(tiny_model, drafter, k, block_size, eos=stop), SamplingParams(**sp, seed=1), good)
+
+    bad, good_out, _ = stopped(k)
+    assert bad.finish_reason == "stop" and bad.token_ids == expect
+    assert good_out.finished and good_out.finish_reason == "length" and good_out.token_ids == ref_good.token_ids
+    if temperature == 0:
+        plain_bad, plain_good, _ = stopped(0)
+        assert bad.token_ids == plain_bad.token_ids and good_out.token_ids == plain_good.token_ids
+
+
+# -- one failing request does not stop the engine ----------------------------------------------------------
+
+class FaultyBlockManager(BlockManager):
+    """A real BlockManager that raises while accounting for request ``bad_id`` once it has ``after`` tokens
+    (fault injection: any internal error in one sequence's bookkeeping)."""
+
+    def __init__(self, num_blocks, block_size, bad_id, after):
+        super().__init__(num_blocks, block_size)
+        self.bad_id, self.after = bad_id, after
+
+    def register(self, seq):
+        if seq.seq_id == self.bad_id and len(seq.output) >= self.after:
+            raise IndexError("injected fault")
+        super().register(seq)
+
+
+def test_engine_internal_error_in_one_request_finishes_it_and_serves_the_rest(small_model):
+    cfg = small_model.config
+    bm = FaultyBlockManager(64, 8, bad_id=1, after=3)
+    eng = LLMEngine(NumpyRunner(small_model, 64, 8), 64, 8, cfg.max_seq_len, cfg.vocab_size,
+                    SchedulerConfig(max_num_batched_tokens=16), block_manager=bm)
+    prompts = [[1, 2, 3, 4], [5, 6, 7], list(range(10, 40))]
+    ids = [eng.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in prompts]
+    with pytest.warns(RuntimeWarning, match="request 1 failed.*injected fault"):
+        eng.run()
+    bad = eng.output(ids[1])
+    assert bad.finished and bad.finish_reason == "error" and "IndexError: injected fault" in bad.error
+    assert bad.token_ids == cached_decode(small_model, prompts[1], 3).new_tokens      # what it had emitted
+    for i in (0, 2):
+        out = eng.output(ids[i])
+        assert out.finish_reason == "length" and out.error is None
+        assert out.token_ids == cached_decode(small_model, prompts[i], 12).new_tokens
+    assert bm.num_free == bm.num_blocks
+    # the engine keeps serving; a streamed request that fails raises once its tokens are out
+    bm.bad_id = eng._next_id
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="failed: IndexError"):
+        list(eng.stream([8, 9], SamplingParams(max_tokens=6, ignore_eos=True)))
+    after = eng.generate([[8, 9]], SamplingParams(max_tokens=6, ignore_eos=True), progress=False)[0]
+    assert after.token_ids == cached_decode(small_model, [8, 9], 6).new_tokens and bm.num_free == bm.num_blocks
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_engine_sequence_with_broken_accounting_is_finished_with_an_error(small_model, k):
+    """The state the speculative stop bug left behind (num_computed past the sequence's end) no longer
+    wedges the engine: that sequence is finished with an error, the others complete."""
+    from minillm.speculative import NgramDrafter
+    cfg = small_model.config
+    eng = LLMEngine(NumpyRunner(small_model, 64, 8), 64, 8, cfg.max_seq_len, cfg.vocab_size,
+                    SchedulerConfig(num_speculative_tokens=k), drafter=NgramDrafter() if k else None)
+    prompts = [[1, 2, 3, 1, 2, 3], [4, 5, 6, 4, 5]]
+    ids = [eng.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in prompts]
+    eng.step()
+    eng.step()
+    broken = eng.requests[ids[0]]
+    broken.num_computed = len(broken) + 3
+    with pytest.warns(RuntimeWarning, match="accounting is broken"):
+        eng.run()
+    assert eng.output(ids[0]).finish_reason == "error"
+    assert eng.output(ids[1]).token_ids == cached_decode(small_model, prompts[1], 10).new_tokens
+    assert eng.block_manager.num_free == eng.block_manager.num_blocks

@@ -10,6 +10,7 @@ from minillm.serving.batch import StepBatch
 from minillm.serving.block_manager import BlockManager
 from minillm.serving.scheduler import Scheduler
 from minillm.serving.sequence import Sequence
+from minillm.speculative import NgramDrafter
 
 MAX_LEN = 128
 
@@ -138,3 +139,129 @@ def test_scheduler_static_batching_admits_only_after_the_whole_batch_finished():
     ids = [cont.add_request([1, 2, 3], SamplingParams(max_tokens=n, ignore_eos=True)) for n in (2, 9, 3, 3)]
     cont.run()
     assert cont.output(ids[2]).first_token_time < cont.output(ids[1]).finish_time   # continuous refills the slot
+
+
+# -- speculation: drafts take only what decodes and prefill chunks leave -----------------------------------
+
+def target_answers_9(sched, batch):
+    """Postprocess a step in which the target always answers token 9 (it rejects every draft but a 9)."""
+    sched.postprocess(batch, np.full(len(batch.logits_rows), 9, np.int64), None, 0.0)
+
+
+def test_schedule_speculation_gives_every_decode_its_token_before_drafts():
+    """Budget 7, k = 4, three decoding sequences: each gets its decode token every step and the drafts get
+    the 4 tokens left (before the fix, the first sequence's 4 drafts left another decode without a token)."""
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=7, num_speculative_tokens=4), bm, MAX_LEN,
+                      NgramDrafter())
+    seqs = [Sequence(i, [1, 2, 1, 2], SamplingParams(max_tokens=12)) for i in range(3)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_unfinished():
+        decoding = [s for s in sched.running if s.is_decoding]
+        batch = sched.schedule()
+        assert batch.num_tokens <= 7
+        assert all(s in batch.seqs for s in decoding)
+        base = batch.num_tokens - batch.num_draft_tokens
+        if len(decoding) == 3:
+            assert base == 3 and batch.num_draft_tokens == 4
+        target_answers_9(sched, batch)
+    assert [len(s.output) for s in seqs] == [12, 12, 12] and sched.spec_proposed > 0
+    assert bm.num_free == bm.num_blocks
+
+
+def test_schedule_speculation_does_not_delay_a_newcomers_prefill():
+    """Budget 6, k = 4: a request arriving while others decode with drafts is admitted in the step it arrives
+    (before the fix, the first sequence's drafts kept it waiting for eight steps)."""
+    bm = BlockManager(num_blocks=64, block_size=4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=6, num_speculative_tokens=4), bm, MAX_LEN,
+                      NgramDrafter())
+    seqs = [Sequence(i, [1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=40)) for i in range(3)]
+    for step in range(12):
+        if step < 3:
+            sched.add(seqs[step])
+        batch = sched.schedule()
+        if step < 3:
+            assert seqs[step] in batch.seqs, f"request {step} was not admitted at its arrival step"
+        assert batch.num_tokens <= 6
+        target_answers_9(sched, batch)
+    assert sched.spec_proposed > 0
+
+
+def follow_the_cycle(sched, batch):
+    """Postprocess a step whose target continues the pattern 1, 2, 1, 2, ... (token 1 at even positions):
+    the n-gram drafts of a [1, 2, 1, 2] prompt are all accepted."""
+    seq_idx, step = batch.row_params()
+    pos = np.array([len(batch.seqs[i].prompt) for i in seq_idx]) + step
+    sched.postprocess(batch, 1 + pos % 2, None, 0.0)
+
+
+def test_schedule_drafts_never_preempt_a_sequence():
+    """Two decodes that fit their blocks, one free block: the first sequence's drafts take it and the
+    second decodes without drafts -- nobody is preempted for drafts (before the fix, the second sequence
+    was preempted so that it could draft too). (Later the decodes themselves outgrow the pool, and preempt.)"""
+    bm = BlockManager(num_blocks=3, block_size=4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, num_speculative_tokens=4), bm, MAX_LEN,
+                      NgramDrafter())
+    a, b = (Sequence(i, [1, 2, 1], SamplingParams(max_tokens=9)) for i in range(2))
+    sched.add(a)
+    sched.add(b)
+    follow_the_cycle(sched, sched.schedule())           # both prefill into one block each and sample
+    batch = sched.schedule()                            # both decode at position 3, the end of that block
+    assert sched.num_preemptions == 0 and batch.seqs == [a, b]
+    assert len(batch.drafts[0]) == 4 and batch.drafts[1] == [] and bm.num_free == 0
+    while batch is not None:
+        follow_the_cycle(sched, batch)
+        batch = sched.schedule()
+    assert a.output == b.output == [1 + p % 2 for p in range(3, 12)]
+    assert sched.spec_accepted == sched.spec_proposed > 4
+    assert bm.num_free == bm.num_blocks
+
+
+@st.composite
+def spec_traces(draw):
+    reqs, bs, num_blocks, cfg, prefix = draw(traces())
+    k = draw(st.integers(1, 4))
+    return reqs, bs, num_blocks, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
+                                                 max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                                 max_prefill_chunk=cfg.max_prefill_chunk,
+                                                 num_speculative_tokens=k), prefix
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec_traces())
+def test_scheduler_speculation_properties_on_random_traces(case):
+    """With n-gram drafts: the budget holds; every running decode gets its token (when the decodes fit the
+    budget); drafts run only on budget that no waiting request could use (the queue is empty, or blocked by
+    max_num_seqs or memory); every request finishes with max_tokens tokens; no block leaks."""
+    reqs, bs, num_blocks, cfg, prefix = case
+    eng = LLMEngine(SimulatedRunner(), num_blocks, bs, MAX_LEN, 6, cfg, enable_prefix_caching=prefix,
+                    drafter=NgramDrafter())
+    sched = eng.scheduler
+
+    def check(batch: StepBatch):
+        assert batch.num_tokens <= cfg.max_num_batched_tokens
+        decoding = [s for s in sched.running if s.is_decoding]
+        if len(decoding) <= cfg.max_num_batched_tokens:
+            assert all(s in batch.seqs for s in decoding)
+        for s, d in zip(batch.seqs, batch.drafts):
+            assert len(d) <= cfg.num_speculative_tokens and len(s.output) + len(d) < s.params.max_tokens
+        if batch.num_draft_tokens and sched.waiting:
+            assert len(sched.running) >= cfg.max_num_seqs or sched.memory_limited
+
+    ids = serve(eng, reqs, check)
+    for i, (prompt, out, _) in enumerate(reqs):
+        o = eng.output(ids[i])
+        assert o.finished and len(o.token_ids) == out and o.finish_reason == "length"
+    assert eng.block_manager.num_free == num_blocks
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(spec_traces())
+def test_scheduler_speculative_requests_keep_the_simple_decoders_tokens(small_model, case):
+    reqs, bs, num_blocks, cfg, prefix = case
+    eng = LLMEngine(NumpyRunner(small_model, num_blocks, bs), num_blocks, bs, MAX_LEN, 256, cfg,
+                    enable_prefix_caching=prefix, drafter=NgramDrafter())
+    ids = serve(eng, reqs, lambda b: None)
+    for i, (prompt, out, _) in enumerate(reqs):
+        assert eng.output(ids[i]).token_ids == cached_decode(small_model, prompt, out).new_tokens

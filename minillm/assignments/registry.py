@@ -217,10 +217,11 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
               "free the blocks, num_computed = 0, status WAITING, count it, put it at the FRONT of the queue "
               "(and give back a static-batching slot)"),
          Part("serving/scheduler.py", "Scheduler.schedule",
-              "running sequences first in admission order (decode = 1 token + drafts from _draft, or a prefill "
-              "chunk); while bm.can_grow fails, preempt the LAST running sequence (possibly this one); then admit "
-              "waiting requests FCFS with match_prefix, while budget and max_num_seqs allow (static batching: "
-              "only when the last batch finished); set memory_limited, count num_steps, build the StepBatch")),
+              "running sequences first in admission order (decode = 1 token, or a prefill chunk); while "
+              "bm.can_grow fails, preempt the LAST running sequence (possibly this one); then admit waiting "
+              "requests FCFS with match_prefix, while budget and max_num_seqs allow (static batching: only when "
+              "the last batch finished); then speculative drafts from _draft with the budget and free blocks "
+              "left (a draft never preempts); set memory_limited, count num_steps, build the StepBatch")),
         (4, 6),
         "Every request's greedy tokens equal the simple decoder's, under tight budgets, tiny pools that force "
         "preemption, prefix sharing and static batching; no step exceeds its budget or sequence cap; no block "

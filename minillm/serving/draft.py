@@ -15,8 +15,11 @@ The draft model's K/V pool mirrors the target's block layout: the same block ids
 block manager of its own. A sequence's blocks already cover positions up to ``len(seq) + k - 1``, and the
 draft writes at most up to ``len(seq) + k - 2``. Rolling back is free: after verification the draft's
 valid length is ``min(what it wrote, seq.num_computed)``, because the accepted tokens are exactly the
-drafts it fed, and anything past that is overwritten next time. A preempted sequence loses its blocks, so
-its draft cache starts again from zero.
+drafts it fed, and anything past that is overwritten next time. The engine calls :meth:`commit` after
+every step to fix that length there: in a later step without drafts (the budget went to other work) the
+target computes the token after the accepted ones while the draft pool still holds a rejected draft's K/V
+at that position, so the draft's valid length must not grow with ``num_computed``. A preempted sequence
+loses its blocks, so its draft cache starts again from zero.
 
 Sampling: greedy rows take the draft's argmax; other rows draw from q (shaped like p, by
 ``minillm.sampling.shape_logits``) with the request's own DRAFT random stream, and q goes to the target's
@@ -67,6 +70,15 @@ class DraftModelProposer:
 
     def release(self, seq: Sequence) -> None:
         self._written.pop(seq.seq_id, None)
+
+    def commit(self, seqs) -> None:
+        """After a step has been verified and accounted: each sequence's draft K/V is valid only up to the
+        tokens the target kept now (its ``num_computed``); later steps that the draft model does not take
+        part in must not extend it."""
+        for s in seqs:
+            w = self._written.get(s.seq_id)
+            if w is not None:
+                self._written[s.seq_id] = (w[0], self.valid_tokens(s))
 
     def _decode_step(self, tables: np.ndarray, positions: np.ndarray) -> RaggedStep:
         """One draft token per sequence at ``positions`` (ids come from the previous pass, on the device)."""

@@ -7,10 +7,13 @@ request's tokens as they come while everything else in the engine keeps running.
 engine for a shipped model with one of the three runners.
 
 Bad requests raise a clear exception from ``add_request`` and are never queued, so nothing already in
-the engine is affected.
+the engine is affected. A request that hits an internal error once it is running is finished with
+``finish_reason == "error"`` (the message in ``RequestOutput.error``, and a RuntimeWarning); the other
+requests keep running.
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,7 +24,7 @@ import numpy as np
 from ..model import check_prompt_ids
 from .block_manager import BlockManager
 from .scheduler import Scheduler, SchedulerConfig
-from .sequence import SamplingParams, Sequence
+from .sequence import SamplingParams, Sequence, _int
 
 
 @dataclass
@@ -38,6 +41,7 @@ class RequestOutput:
     finish_time: float | None
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    error: str | None = None        # the internal error that finished this request (finish_reason "error")
 
     @property
     def ttft(self) -> float:
@@ -90,15 +94,29 @@ class LLMEngine:
             prompt = self.tokenizer.encode(prompt)
         return check_prompt_ids(prompt, self.vocab_size)
 
-    def add_request(self, prompt, params: SamplingParams | None = None, arrival_time: float | None = None) -> int:
-        """Queue a request; return its id. Raises (and queues nothing) if the request is invalid."""
+    def _check_params(self, params) -> SamplingParams:
+        """``params`` (None: the defaults) checked against this engine: a clear error if they cannot apply."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        bad = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad} lie outside the vocabulary [0, {self.vocab_size}): "
+                             f"the model can never emit them")
+        return params
+
+    def add_request(self, prompt, params: SamplingParams | None = None, arrival_time: float | None = None) -> int:
+        """Queue a request; return its id. Raises (and queues nothing) if the request is invalid."""
+        params = self._check_params(params)
         ids = self._encode(prompt)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**31))
-        seq = Sequence(self._next_id, ids, params, self.runner.now() if arrival_time is None else arrival_time,
-                       seed=seed)
+        if arrival_time is None:
+            arrival_time = self.runner.now()
+        elif isinstance(arrival_time, bool) or not isinstance(arrival_time, numbers.Real) or \
+                not np.isfinite(arrival_time):
+            raise ValueError(f"arrival_time must be a finite number (seconds on the runner's clock), "
+                             f"got {arrival_time!r}")
+        seq = Sequence(self._next_id, ids, params, float(arrival_time), seed=seed)
         self.scheduler.add(seq)         # raises RequestRejected for a request that can never fit
         self.requests[seq.seq_id] = seq
         self._next_id += 1
@@ -115,13 +133,17 @@ class LLMEngine:
         text = self.tokenizer.decode(s.output) if self.tokenizer is not None else None
         return RequestOutput(s.seq_id, list(s.prompt), list(s.output), text, s.finished, s.finish_reason,
                              s.arrival_time, s.first_token_time, list(s.token_times), s.finish_time,
-                             s.num_cached_prompt, s.num_preemptions)
+                             s.num_cached_prompt, s.num_preemptions, s.error)
 
     # -- stepping ----------------------------------------------------------------------------------------
     def step(self) -> list[int]:
-        """Run one scheduled step; return the ids of the requests that got a token (or [] if idle)."""
-        batch = self.scheduler.schedule()
+        """Run one scheduled step; return the ids of the requests that got a token (or [] if idle).
+
+        A request that hits an internal error is finished with ``finish_reason == "error"`` and the step
+        goes on with the others (see :meth:`Scheduler.fail`)."""
+        batch = self.scheduler.schedule(self.runner.now())
         if batch is None:
+            self._release(self.scheduler.take_failed())
             return []
         if batch.needs_drafts:
             self.proposer.propose(batch)       # a draft model fills the reserved drafts
@@ -130,10 +152,15 @@ class LLMEngine:
         token_ids = self.runner.execute(batch)
         got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, self.runner.now())
         if self.proposer is not None:
-            for s in got:
-                if s.finished:
-                    self.proposer.release(s)
+            self.proposer.commit([s for s in batch.seqs if not s.finished])
+        self._release([s for s in batch.seqs if s.finished] + self.scheduler.take_failed())
         return [s.seq_id for s in got]
+
+    def _release(self, seqs) -> None:
+        """Forget the draft model's cache of finished sequences."""
+        if self.proposer is not None:
+            for s in seqs:
+                self.proposer.release(s)
 
     def add_step_observer(self, fn):
         """Call ``fn(batch)`` on every step's StepBatch, after its drafts are filled and before the runner
@@ -165,8 +192,8 @@ class LLMEngine:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         for i, (p, sp) in enumerate(zip(prompts, params)):   # validate everything first
             try:
+                sp = self._check_params(sp)
                 ids = self._encode(p)
-                sp = SamplingParams() if sp is None else sp
                 self.scheduler.check_fits(Sequence(-1, ids, sp))
             except (TypeError, ValueError) as e:
                 raise type(e)(f"prompt {i}: {e}") from e
@@ -175,12 +202,15 @@ class LLMEngine:
         return [self.output(i) for i in ids]
 
     def stream(self, prompt, params: SamplingParams | None = None) -> Iterator[int]:
-        """Yield one request's tokens as they are sampled; other queued requests advance alongside."""
+        """Yield one request's tokens as they are sampled; other queued requests advance alongside.
+        Raises RuntimeError if the request is finished by an internal error."""
         seq, sent = self.requests[self.add_request(prompt, params)], 0
         while not seq.finished:
             self.step()
             yield from seq.output[sent:]
             sent = len(seq.output)
+        if seq.finish_reason == "error":
+            raise RuntimeError(f"request {seq.seq_id} failed: {seq.error}")
 
     def serve_trace(self, prompts, params, arrivals) -> list[RequestOutput]:
         """Serve requests that arrive over time (seconds on the runner's clock, sorted ascending).
@@ -255,14 +285,17 @@ class LLM:
         from ..model import Model, load_model
         from ..tokenizer import EOS, ByteTokenizer
 
+        block_size = _int("block_size", block_size, 1)
+        if num_blocks is not None:
+            num_blocks = _int("num_blocks", num_blocks, 1)
+        sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill,
+                                num_speculative_tokens=num_speculative_tokens)
         self.model = model if isinstance(model, Model) else load_model(model)
         cfg = self.model.config
         if num_blocks is None:
             num_blocks = max_num_seqs * -(-cfg.max_seq_len // block_size)
         run = self._runner(runner, self.model, num_blocks, block_size, runner_kw)
-        sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill,
-                                num_speculative_tokens=num_speculative_tokens)
         drafter = None
         if num_speculative_tokens and speculative_model == "ngram":
             from ..speculative import NgramDrafter

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..sampling import draft_batch, sample_batch, verify_batch
 from .batch import StepBatch
+from .sequence import _int
 
 
 def seq_sampling_arrays(seqs):
@@ -43,8 +44,9 @@ class NumpyRunner:
 
     def __init__(self, model, num_blocks: int, block_size: int, dtype=np.float32):
         cfg = model.config
-        self.model, self.block_size = model, int(block_size)
-        shape = (cfg.n_layers, int(num_blocks), self.block_size, cfg.n_kv_heads, cfg.d_head)
+        num_blocks, block_size = _int("num_blocks", num_blocks, 1), _int("block_size", block_size, 1)
+        self.model, self.block_size = model, block_size
+        shape = (cfg.n_layers, num_blocks, self.block_size, cfg.n_kv_heads, cfg.d_head)
         self.k_pool, self.v_pool = np.zeros(shape, dtype), np.zeros(shape, dtype)
         self.vocab_size = cfg.vocab_size
         self.last_logits: np.ndarray | None = None
@@ -89,7 +91,12 @@ class NumpyRunner:
 class StepCost:
     """A roofline-style cost of one step on a GPU: weights are read once per step, each token's K/V context
     is read once, and FLOPs are 2 * params per token (plus attention). The step takes the longer of the
-    memory time and the compute time, plus a fixed launch overhead."""
+    memory time and the compute time, plus a fixed launch overhead.
+
+    :meth:`for_model` counts the weights a step reads: every layer and the LM head, but not the input
+    embedding table, of which a step reads only the rows of its new tokens (a lookup, no FLOPs). minillm's
+    LM head is a separate matrix (not tied to the embedding); for a model with tied embeddings (Llama 3.2
+    1B) the count equals its parameter count, the one table read once, as the head."""
 
     weight_bytes: float
     kv_bytes_per_token: float
@@ -113,9 +120,15 @@ class StepCost:
     @classmethod
     def for_model(cls, config, bytes_per_param: int = 2, **kw) -> "StepCost":
         kv = 2 * config.n_layers * config.n_kv_heads * config.d_head * bytes_per_param
-        return cls(weight_bytes=config.n_params() * bytes_per_param, kv_bytes_per_token=kv,
-                   flops_per_token=2 * config.n_params(),
+        read = cls.params_read_per_step(config)
+        return cls(weight_bytes=read * bytes_per_param, kv_bytes_per_token=kv, flops_per_token=2 * read,
                    attn_flops_per_context_token=4 * config.n_layers * config.n_heads * config.d_head, **kw)
+
+    @staticmethod
+    def params_read_per_step(config) -> int:
+        """Parameters a step reads and multiplies by: all of them but the input embedding table (its rows
+        for the step's tokens are a lookup; the untied LM head, which is read, stays in)."""
+        return config.n_params() - config.vocab_size * config.d_model
 
 
 @dataclass

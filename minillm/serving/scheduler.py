@@ -2,9 +2,12 @@
 
 One step has a token budget (``max_num_batched_tokens``) and a cap on live sequences (``max_num_seqs``).
 The running sequences go first, in admission order: a decode costs one token, a sequence still
-prefilling takes as many prompt tokens as the budget (and ``max_prefill_chunk``) allow. What is left of
-the budget admits waiting requests first come, first served, each with a prefill chunk, so a step mixes
-decodes and prefill chunks (chunked prefill, as in vLLM v1 and Sarathi).
+prefilling takes as many prompt tokens as the budget (and ``max_prefill_chunk``) allow once one token is
+set aside for every running decode. What is left of the budget admits waiting requests first come, first
+served, each with a prefill chunk, so a step mixes decodes and prefill chunks (chunked prefill, as in
+vLLM v1 and Sarathi). Speculative draft tokens come last: a decoding sequence drafts up to k tokens from
+the budget (and free blocks) that decodes and prefill chunks left over, so speculation never delays
+another sequence's token or a newcomer's prefill; under load it simply drafts less.
 
 When a running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted -- possibly the one asking -- by recompute: its blocks are freed, it goes back to the front of
@@ -18,11 +21,14 @@ now? -- then ``allocate``, ``match_prefix``, ``register`` and ``free``.
 
 A request that could never fit (its prompt plus ``max_tokens`` need more blocks than the whole pool, or
 its positions would pass the model's ``max_seq_len``) is rejected when it is added, with a clear error;
-nothing else is touched.
+nothing else is touched. An internal error while scheduling or accounting for one sequence finishes that
+sequence with ``finish_reason = "error"`` (the message in ``seq.error``, and a warning) and frees its
+blocks; the other sequences keep running.
 """
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -76,6 +82,8 @@ class Scheduler:
         self.memory_limited = False              # did memory limit the last schedule()? (a preemption, or the
                                                  # head of the queue did not fit)
         self._static_quota = 0                   # static batching: admissions left in the current batch
+        self.failed: list[Sequence] = []         # sequences finished by an internal error (see fail); the
+                                                 # engine takes them with take_failed()
 
     # -- admission ---------------------------------------------------------------------------------------
     def check_fits(self, seq: Sequence) -> None:
@@ -127,36 +135,52 @@ class Scheduler:
             self._static_quota += 1             # it rejoins the current batch
         # END SOLUTION
 
-    def schedule(self) -> StepBatch | None:
+    def schedule(self, now: float | None = None) -> StepBatch | None:
         """Pick this step's sequences and token counts, and give them blocks. None when there is no work.
 
-        Running sequences first, in admission order (a decode, plus its drafts, or a prefill chunk), preempting
-        the latest admitted when a block is missing; then waiting requests first come, first served, while
-        budget and ``max_num_seqs`` allow. Sets ``memory_limited``; counts ``num_steps``."""
+        1. Running sequences, in admission order: a decode takes one token; a sequence still prefilling
+           takes a chunk of what the budget holds beyond one token per running decode not yet served.
+           When a block is missing, the latest admitted sequence is preempted.
+        2. Waiting requests, first come first served, while budget and ``max_num_seqs`` allow.
+        3. Speculation: each decoding sequence drafts up to k tokens from the budget left after 1 and 2,
+           and only into free blocks (a draft never preempts anyone).
+
+        Sets ``memory_limited``; counts ``num_steps``. ``now`` (the engine's clock) stamps a sequence that
+        an internal error finishes here (see :meth:`fail`)."""
         # BEGIN SOLUTION
         budget = self.config.max_num_batched_tokens
         self.memory_limited = False
-        chosen: list[tuple[Sequence, int]] = []
-        drafts: dict[int, list[int]] = {}
+        failed_before = len(self.failed)
+        chosen: list[list] = []                  # [seq, tokens this step]
+        reserve = sum(1 for s in self.running if s.is_decoding)   # decodes not yet served this step
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = self._chunk(seq, budget)
-            draft = self._draft(seq, budget) if n == 1 else []
-            n += len(draft)
-            while not self.bm.can_grow(seq, seq.num_computed + n):
-                victim = self.running.pop()     # the latest admitted; never one already chosen (those are < i)
-                self._preempt(victim)
-                self.memory_limited = True
-                if victim is seq:
-                    break
-            else:
-                self.bm.allocate(seq, seq.num_computed + n)
-                chosen.append((seq, n))
-                if draft:
-                    drafts[seq.seq_id] = draft
-                budget -= n
-                i += 1
+            try:
+                if seq.num_pending < 1:
+                    raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_computed} computed tokens of "
+                                       f"{len(seq)}: its accounting is broken")
+                decoding = seq.is_decoding
+                reserve -= decoding
+                n = self._chunk(seq, budget if decoding else budget - reserve)
+                if n <= 0:                       # a prefill chunk waits while the decodes take the budget
+                    i += 1
+                    continue
+                while not self.bm.can_grow(seq, seq.num_computed + n):
+                    victim = self.running.pop()  # the latest admitted; never one already chosen (those are < i)
+                    if victim is not seq and victim.is_decoding:
+                        reserve -= 1             # it was counted as a decode still to serve
+                    self._preempt(victim)
+                    self.memory_limited = True
+                    if victim is seq:
+                        break
+                else:
+                    self.bm.allocate(seq, seq.num_computed + n)
+                    chosen.append([seq, n])
+                    budget -= n
+                    i += 1
+            except Exception as e:              # an internal error in one sequence: finish it, serve the rest
+                self.fail(seq, e, now)
         static = self.config.static_batching
         if static and not self.running and not self._static_quota:
             # the last batch is done: the next one is whoever is waiting now, up to max_num_seqs
@@ -165,37 +189,85 @@ class Scheduler:
             if static and not self._static_quota:
                 break
             seq = self.waiting[0]
-            if not seq.block_table:
-                seq.num_computed = self.bm.match_prefix(seq)
-                if not seq.admitted:
-                    seq.num_cached_prompt = seq.num_computed
-            n = self._chunk(seq, budget)
-            too_big = not self.config.enable_chunked_prefill and n < seq.num_pending
-            if too_big or not self.bm.can_grow(seq, seq.num_computed + n):
-                self.bm.free(seq)               # give back the prefix blocks; retry in a later step
-                seq.num_computed = 0
-                self.memory_limited = self.memory_limited or not too_big
-                break
-            self.bm.allocate(seq, seq.num_computed + n)
+            try:
+                if not seq.block_table:
+                    seq.num_computed = self.bm.match_prefix(seq)
+                    if not seq.admitted:
+                        seq.num_cached_prompt = seq.num_computed
+                n = self._chunk(seq, budget)
+                too_big = not self.config.enable_chunked_prefill and n < seq.num_pending
+                if too_big or not self.bm.can_grow(seq, seq.num_computed + n):
+                    self.bm.free(seq)           # give back the prefix blocks; retry in a later step
+                    seq.num_computed = 0
+                    self.memory_limited = self.memory_limited or not too_big
+                    break
+                self.bm.allocate(seq, seq.num_computed + n)
+            except Exception as e:
+                self.fail(seq, e, now)
+                continue
             self.waiting.popleft()
             seq.status, seq.admitted = SequenceStatus.RUNNING, True
             self.running.append(seq)
             if static:
                 self._static_quota -= 1
-            chosen.append((seq, n))
+            chosen.append([seq, n])
             budget -= n
-        if not chosen:
-            if self.has_unfinished():
-                raise RuntimeError("scheduler made no progress with requests pending (this is a bug: "
-                                   "check_fits admits only requests that fit an empty pool)")
-            return None
-        self.num_steps += 1
-        return StepBatch.build([s for s, _ in chosen], [n for _, n in chosen], self.bm.block_size,
-                               [drafts.get(s.seq_id, []) for s, _ in chosen] if drafts else None)
+        drafts: dict[int, list[int]] = {}
+        if self.config.num_speculative_tokens:
+            for entry in chosen:                # lowest priority: drafts take what decodes and prefills left
+                seq, n = entry
+                if budget <= 0:
+                    break
+                if n != 1:
+                    continue
+                try:
+                    draft = self._draft(seq, budget)
+                    while draft and not self.bm.can_grow(seq, seq.num_computed + 1 + len(draft)):
+                        draft.pop()             # only into free blocks: a draft never preempts anyone
+                    if draft:
+                        self.bm.allocate(seq, seq.num_computed + 1 + len(draft))
+                        entry[1] += len(draft)
+                        drafts[seq.seq_id] = draft
+                        budget -= len(draft)
+                except Exception as e:
+                    self.fail(seq, e, now)
+        chosen = [e for e in chosen if not e[0].finished]
+        batch = self._build(chosen, drafts, now)
+        if batch is None and len(self.failed) == failed_before and self.has_unfinished():
+            raise RuntimeError("scheduler made no progress with requests pending (this is a bug: "
+                               "check_fits admits only requests that fit an empty pool)")
+        if batch is not None:
+            self.num_steps += 1
+        return batch
         # END SOLUTION
 
+    def _build(self, chosen: list[list], drafts: dict[int, list[int]], now: float | None = None) -> StepBatch | None:
+        """The step's StepBatch. If building it fails, the sequences that fail on their own are finished
+        with an error and the step is built from the others (None if no sequence is left)."""
+        bs = self.bm.block_size
+
+        def build(entries):
+            return StepBatch.build([s for s, _ in entries], [n for _, n in entries], bs,
+                                   [drafts.get(s.seq_id, []) for s, _ in entries] if drafts else None)
+        if not chosen:
+            return None
+        try:
+            return build(chosen)
+        except Exception:
+            ok = []
+            for entry in chosen:
+                try:
+                    build([entry])
+                    ok.append(entry)
+                except Exception as e:
+                    self.fail(entry[0], e, now)
+            if len(ok) == len(chosen):
+                raise                           # no single sequence is at fault: a bug in the batch itself
+            return build(ok) if ok else None
+
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
-        """Up to k draft tokens for a decoding sequence, clipped to what it may still emit and hold.
+        """Up to k draft tokens for a decoding sequence, clipped to what it may still emit and hold and to
+        ``budget`` (the draft tokens the step still has room for).
 
         A prompt-lookup drafter (``lookup(tokens, k)``) answers now; any other drafter (a draft model, which
         needs this step's slots for its own K/V) gets k placeholder tokens (-1) that the engine's proposer
@@ -205,7 +277,7 @@ class Scheduler:
             return []
         k = min(k, seq.params.max_tokens - len(seq.output) - 1,   # it emits at most k + 1 tokens
                 self.max_model_len - len(seq),                     # drafts sit at positions len(seq)...
-                budget - 1)
+                budget)
         if k <= 0:
             return []
         if hasattr(self.drafter, "lookup"):
@@ -219,54 +291,94 @@ class Scheduler:
         ``token_ids`` holds one token per entry of ``batch.logits_rows``; a speculating sequence's
         ``len(draft) + 1`` tokens are the verifier's answers after each prefix of its draft (the draft token
         itself where it is accepted: see :func:`minillm.sampling.verify_batch`).
-        Returns the sequences that got a token this step.
+        Returns the sequences that got a token this step. A sequence whose accounting fails is finished
+        with an error (:meth:`fail`); the others are accounted for as usual.
         """
         now = time.perf_counter() if now is None else now
         got = []
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
-            draft = batch.drafts[row]
-            off = int(batch.row_offsets[row])
-            if draft:
-                # keep the drafts the verifier accepted, then the verifier's token at the first rejection (or the bonus)
-                toks = [int(t) for t in token_ids[off:off + len(draft) + 1]]
-                a = 0
-                while a < len(draft) and draft[a] == toks[a]:
-                    a += 1
-                emitted = draft[:a] + [toks[a]]
-                seq.num_computed += 1 + a            # the fed token and the accepted drafts have valid K/V
-                self.bm.truncate(seq, seq.num_computed)   # the rejected drafts' slots go back to the pool
-                self.spec_proposed += len(draft)
-                self.spec_accepted += a
-                self.spec_steps += 1
-            else:
-                seq.num_computed += int(n)
-                if not batch.sample[row]:
-                    self.bm.register(seq)
-                    continue
-                emitted = [int(token_ids[off])]
-            got.append(seq)
-            reason = None
-            for tok in emitted:
-                seq.output.append(tok)
-                seq.token_times.append(now)
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                p = seq.params
-                if tok in p.stop_token_ids or (tok == eos_token_id and not p.ignore_eos):
-                    reason = "stop"
-                elif len(seq.output) >= p.max_tokens:
-                    reason = "length"
-                if reason:
-                    break
-            self.bm.register(seq)      # name the blocks that became full (a finished sequence's stay revivable)
-            if reason:
-                self.finish(seq, reason, now)
+            if seq.finished:                    # aborted or failed while the step ran
+                continue
+            try:
+                if self._account(seq, int(n), batch, row, token_ids, eos_token_id, now):
+                    got.append(seq)
+            except Exception as e:
+                self.fail(seq, e, now)
         return got
+
+    def _account(self, seq: Sequence, n: int, batch: StepBatch, row: int, token_ids, eos_token_id, now) -> bool:
+        """One sequence's share of :meth:`postprocess`; True if it got tokens."""
+        draft = batch.drafts[row]
+        off = int(batch.row_offsets[row])
+        if draft:
+            # keep the drafts the verifier accepted, then the verifier's token at the first rejection (or the bonus)
+            toks = [int(t) for t in token_ids[off:off + len(draft) + 1]]
+            a = 0
+            while a < len(draft) and draft[a] == toks[a]:
+                a += 1
+            emitted = draft[:a] + [toks[a]]
+            self.spec_proposed += len(draft)
+            self.spec_accepted += a
+            self.spec_steps += 1
+        else:
+            seq.num_computed += n
+            if not batch.sample[row]:
+                self.bm.register(seq)
+                return False
+            emitted = [int(token_ids[off])]
+        reason = None
+        for tok in emitted:                     # a stop token or max_tokens may cut the emitted run short
+            seq.output.append(tok)
+            seq.token_times.append(now)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            p = seq.params
+            if tok in p.stop_token_ids or (tok == eos_token_id and not p.ignore_eos):
+                reason = "stop"
+            elif len(seq.output) >= p.max_tokens:
+                reason = "length"
+            if reason:
+                break
+        if draft:
+            # The fed token and the drafts before the last kept token have valid K/V; the last kept token
+            # (an accepted draft, the correction or the bonus) has none that counts -- exactly as after a
+            # plain decode. So every token but the last is computed, and the cache is cut back to them:
+            # the slots of rejected drafts, and of accepted drafts past a stop token, go back to the pool.
+            seq.num_computed = len(seq) - 1
+            self.bm.truncate(seq, seq.num_computed)
+        self.bm.register(seq)      # name the blocks that became full (a finished sequence's stay revivable)
+        if reason:
+            self.finish(seq, reason, now)
+        return True
 
     def finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status, seq.finish_reason, seq.finish_time = SequenceStatus.FINISHED, reason, now
         self.bm.free(seq)
         self.running.remove(seq)
+
+    def fail(self, seq: Sequence, error: BaseException, now: float | None = None) -> None:
+        """Finish ``seq`` after an internal error in its scheduling or accounting: ``finish_reason`` "error",
+        the message in ``seq.error``, its blocks back to the pool, a RuntimeWarning. Nothing else changes."""
+        now = time.perf_counter() if now is None else now
+        seq.error = f"{type(error).__name__}: {error}"
+        seq.status, seq.finish_reason, seq.finish_time = SequenceStatus.FINISHED, "error", now
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        try:
+            self.bm.free(seq)
+        except Exception as e:                  # its table is broken: drop it rather than stop the engine
+            seq.error += f" (freeing its blocks failed too: {type(e).__name__}: {e})"
+            seq.block_table = []
+        self.failed.append(seq)
+        warnings.warn(f"request {seq.seq_id} failed and was finished with an error: {seq.error}",
+                      RuntimeWarning, stacklevel=2)
+
+    def take_failed(self) -> list[Sequence]:
+        """The sequences finished by :meth:`fail` since the last call."""
+        out, self.failed = self.failed, []
+        return out
 
     def abort(self, seq: Sequence, now: float) -> None:
         """Drop a request wherever it is (a client went away); its blocks go back to the pool."""

@@ -19,6 +19,23 @@ def _int(name: str, value, minimum: int) -> int:
     return int(value)
 
 
+SEED_LIMIT = 2**32        # seeds are hashed as 32-bit integers (minillm.sampling.counter_uniform)
+
+
+def _token_ids(name: str, value) -> tuple[int, ...]:
+    """A tuple of token ids (integers >= 0) from any iterable of integers, or a clear TypeError / ValueError."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of token ids, e.g. (2,), got {value!r}")
+    out = []
+    for t in value:
+        if isinstance(t, bool) or not hasattr(t, "__index__"):
+            raise TypeError(f"{name} must hold integer token ids, got {t!r} in {value!r}")
+        if int(t) < 0:
+            raise ValueError(f"{name} must hold token ids >= 0, got {int(t)}")
+        out.append(int(t))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request is decoded.
@@ -27,9 +44,11 @@ class SamplingParams:
     top_k          keep the k most likely tokens (None: all)
     top_p          keep the smallest set of most likely tokens with probability >= top_p, in (0, 1]
     max_tokens     tokens to generate at most (>= 1)
-    stop_token_ids generation stops after emitting one of these (it is kept in the output)
+    stop_token_ids generation stops after emitting one of these (it is kept in the output); token ids >= 0
+                   (the engine checks them against its vocabulary when the request is added)
     ignore_eos     do not stop at the end-of-sequence token (for fixed-length benchmarks)
-    seed           the request's own randomness: the same seed gives the same tokens whatever the batch
+    seed           the request's own randomness: the same seed gives the same tokens whatever the batch;
+                   an integer in [0, 2**32) (the sampler hashes 32 bits of it, so a larger seed would alias)
     """
 
     temperature: float = 0.0
@@ -52,7 +71,10 @@ class SamplingParams:
         _int("max_tokens", self.max_tokens, 1)
         if self.seed is not None:
             _int("seed", self.seed, 0)
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+            if int(self.seed) >= SEED_LIMIT:
+                raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}: the sampler hashes "
+                                 f"32 bits of it, so seed and seed + 2**32 would give the same tokens")
+        object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
 
     @property
     def greedy(self) -> bool:
@@ -81,8 +103,9 @@ class Sequence:
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
-    finish_reason: str | None = None    # "length" or "stop"
+    finish_reason: str | None = None    # "length", "stop", "abort", or "error" (an internal error; see error)
     admitted: bool = False
+    error: str | None = None            # what went wrong, when finish_reason is "error"
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.output)
