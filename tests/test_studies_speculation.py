@@ -4,8 +4,8 @@ import pytest
 from minillm.model import ModelConfig
 from minillm.serving import StepCost
 from minillm.speculative import SpecResult
-from minillm.studies.speculation import (batched_speedup_model, expected_tokens_per_call, held_out_source,
-                                         pool_results, speedup_model, verify_step_seconds)
+from minillm.studies.speculation import (alpha_from_tokens_per_call, batched_speedup_model, expected_tokens_per_call,
+                                         held_out_source, pool_results, speedup_model, verify_step_seconds)
 
 
 def test_expected_tokens_per_call_matches_the_geometric_sum_and_its_limits():
@@ -28,6 +28,17 @@ def test_expected_tokens_per_call_agrees_with_a_simulation_of_iid_acceptance():
     accept = rng.random((n, k)) < a
     n_acc = np.where(accept.all(axis=1), k, np.argmin(accept, axis=1))
     assert np.mean(n_acc + 1) == pytest.approx(expected_tokens_per_call(a, k), rel=0.01)
+
+
+def test_alpha_from_tokens_per_call_inverts_the_formula():
+    for a in (0.0, 0.3, 0.69, 0.95, 1.0):
+        for k in (1, 2, 8):
+            assert alpha_from_tokens_per_call(expected_tokens_per_call(a, k), k) == pytest.approx(a, abs=1e-9)
+    assert alpha_from_tokens_per_call(1.0, 4) == pytest.approx(0.0, abs=1e-9)
+    assert alpha_from_tokens_per_call(2.0, 1) == pytest.approx(1.0, abs=1e-9)
+    for bad_t, bad_k in ((0.9, 2), (3.5, 2), (2.0, 0), (2.0, 1.5), (2.0, True)):
+        with pytest.raises(ValueError):
+            alpha_from_tokens_per_call(bad_t, bad_k)
 
 
 def test_speedup_model():
@@ -56,6 +67,31 @@ def test_pool_results_counts_alpha_over_tested_drafts():
         pool_results([])
     with pytest.raises(ValueError):
         pool_results([r1, _result([1], [1], [2], k=1)])
+
+
+def test_pool_results_reconstructs_the_room_the_token_limit_left():
+    # k = 4, a run of 10 tokens: before the calls 10, 5, 2, 1 tokens are left -> room 4, 4, 1, 0
+    r = _result([4, 4, 1, 0], [4, 2, 1, 0], [5, 3, 1, 1], k=4)
+    st = pool_results([r])
+    np.testing.assert_array_equal(st.room, [4, 4, 1, 0])
+    assert st.clipped_share == pytest.approx(2 / 4)
+    full = st.with_k_drafts
+    assert full.calls == 2 and full.tokens_per_call == pytest.approx(4.0)
+    np.testing.assert_array_equal(full.room, [4, 4])
+    # prompt lookup: no match in a call with room for all k drafts counts, one at the token limit does not
+    r2 = _result([0, 4, 1, 0], [0, 2, 0, 0], [1, 3, 1, 1], k=4)     # left 6, 5, 2, 1 -> room 4, 4, 1, 0
+    assert pool_results([r2]).no_match_share == pytest.approx(1 / 2)
+    assert np.isnan(pool_results([_result([0, 0], [0, 0], [1, 1], k=4)]).no_match_share)   # no call had room for 4
+    stopped = _result([4], [1], [2], k=4)
+    stopped.finish_reason = "stop"
+    assert pool_results([r, stopped]).room is None
+    with pytest.raises(ValueError):
+        pool_results([r, stopped]).clipped_share
+    np.testing.assert_array_equal(pool_results([stopped], n_new=10).room, [4])
+    with pytest.raises(ValueError):
+        pool_results([r], n_new=5)                             # emitted more than the limit
+    sub = st.subset(np.array([True, False, True, False]))
+    assert sub.calls == 2 and sub.emitted.tolist() == [5, 1] and sub.room.tolist() == [4, 1]
 
 
 def test_held_out_source_is_deterministic_and_sized():

@@ -3,6 +3,7 @@
 * :func:`held_out_source` -- chunks of this package's own ``.py`` files, tokenized: code the models never saw
   (they were trained on the Python standard library)
 * :func:`expected_tokens_per_call` -- the i.i.d. model: each draft accepted independently with probability alpha
+* :func:`alpha_from_tokens_per_call` -- its inverse in alpha: the alpha a measured tokens-per-call implies
 * :func:`speedup_model` -- that, divided by the cost of a round in target-call units, ``1 + k * c``
 * :class:`SpecStats` / :func:`pool_results` -- per-call statistics of many :class:`~minillm.speculative.SpecResult`
   runs pooled together, with the conditional acceptance rate alpha the i.i.d. model needs
@@ -57,6 +58,27 @@ def expected_tokens_per_call(alpha, k):
     return float(out) if out.ndim == 0 else out
 
 
+def alpha_from_tokens_per_call(tokens_per_call, k: int, tol: float = 1e-12) -> float:
+    """The alpha at which :func:`expected_tokens_per_call` equals a measured mean of tokens per call with k drafts.
+
+    E[tokens per call] rises strictly with alpha from 1 (alpha = 0) to k + 1 (alpha = 1), so the inverse is
+    unique; it is found by bisection. Use it on rounds that each had all k drafts: a round cut to fewer drafts
+    (near a token limit) emits fewer tokens, and the alpha it implies comes out low.
+    """
+    t = float(tokens_per_call)
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    if not 1.0 <= t <= k + 1:
+        raise ValueError(f"tokens per call with k = {k} drafts lie in [1, {k + 1}], got {t}")
+    k = int(k)
+    lo, hi = 0.0, 1.0
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        # 1 + a + ... + a^k as a sum: the closed form loses digits to cancellation near a = 1
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(k + 1)) < t else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
 def speedup_model(alpha, k, c):
     """Speedup over the target alone when a draft step costs ``c`` target steps and verifying k+1 tokens costs
     one target step: E[tokens per call] / (1 + k c)."""
@@ -69,12 +91,17 @@ def speedup_model(alpha, k, c):
 
 @dataclass(frozen=True)
 class SpecStats:
-    """Per-call statistics pooled over runs: ``proposed`` / ``accepted`` / ``emitted`` per target call."""
+    """Per-call statistics pooled over runs: ``proposed`` / ``accepted`` / ``emitted`` per target call.
+
+    ``room`` (optional): per call, the drafts the token limit left room for, ``min(k, tokens left - 1)``; a
+    round near the end of a request is cut to fewer than k drafts whatever the drafter does.
+    """
 
     proposed: np.ndarray
     accepted: np.ndarray
     emitted: np.ndarray
     k: int
+    room: np.ndarray | None = None
 
     @property
     def calls(self) -> int:
@@ -112,22 +139,70 @@ class SpecStats:
         """Share of target calls with no draft at all (the n-gram drafter found no match, or no room was left)."""
         return float(np.mean(self.proposed == 0)) if self.calls else float("nan")
 
+    def _room(self) -> np.ndarray:
+        if self.room is None:
+            raise ValueError("no per-call room recorded: pool_results needs runs that ended at their token limit, "
+                             "or n_new")
+        return self.room
+
+    def subset(self, mask) -> "SpecStats":
+        """The statistics of the calls where ``mask`` is true."""
+        mask = np.asarray(mask, bool)
+        return SpecStats(self.proposed[mask], self.accepted[mask], self.emitted[mask], self.k,
+                         None if self.room is None else self.room[mask])
+
+    @property
+    def clipped_share(self) -> float:
+        """Share of calls the token limit cut to fewer than k drafts."""
+        return float(np.mean(self._room() < self.k)) if self.calls else float("nan")
+
+    @property
+    def no_match_share(self) -> float:
+        """Share of the calls with room for all k drafts in which the drafter proposed none (prompt lookup found
+        no earlier occurrence of the context's suffix)."""
+        full = self._room() == self.k
+        return float(np.mean(self.proposed[full] == 0)) if full.any() else float("nan")
+
+    @property
+    def with_k_drafts(self) -> "SpecStats":
+        """The calls that verified all k drafts: the rounds the i.i.d. formula with k describes."""
+        return self.subset(self.proposed == self.k)
+
     @property
     def target_rows_per_token(self) -> float:
         """Query rows the target computed per emitted token: (drafts + 1) per call over tokens emitted."""
         return float((self.proposed + 1).sum() / max(1, self.emitted.sum()))
 
 
-def pool_results(results: Iterable) -> SpecStats:
-    """Pool the per-call lists of several SpecResult runs (all with the same k)."""
+def pool_results(results: Iterable, n_new: int | None = None) -> SpecStats:
+    """Pool the per-call lists of several SpecResult runs (all with the same k).
+
+    The per-call ``room`` (drafts the token limit allowed) is reconstructed from the tokens each call emitted:
+    a call with ``left`` tokens still to generate had room for ``min(k, left - 1)``. ``n_new`` is the runs'
+    token limit; without it, a run's limit is the tokens it emitted, which holds for runs that ended at their
+    limit (``finish_reason == "length"``); if some run stopped early and ``n_new`` is not given, ``room`` is
+    None.
+    """
     results = list(results)
     if not results:
         raise ValueError("no results to pool")
     ks = {r.k for r in results}
     if len(ks) != 1:
         raise ValueError(f"results mix different k: {sorted(ks)}")
+    k = ks.pop()
     cat = lambda name: np.concatenate([np.asarray(getattr(r, name), np.int64) for r in results])  # noqa: E731
-    return SpecStats(cat("proposed"), cat("accepted"), cat("emitted"), ks.pop())
+    room = None
+    if n_new is not None or all(r.finish_reason == "length" for r in results):
+        parts = []
+        for r in results:
+            emitted = np.asarray(r.emitted, np.int64)
+            limit = int(emitted.sum()) if n_new is None else int(n_new)
+            left = limit - (np.cumsum(emitted) - emitted)       # tokens still to generate before each call
+            if np.any(left < 1):
+                raise ValueError(f"a run emitted more than its token limit {limit}")
+            parts.append(np.minimum(k, left - 1))
+        room = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return SpecStats(cat("proposed"), cat("accepted"), cat("emitted"), k, room)
 
 
 def verify_step_seconds(cost, batch: int, rows_per_seq: int, context: int) -> float:
