@@ -543,13 +543,15 @@ def test_backward_v5_falls_back_to_pointer_atomics_when_the_tma_reduction_fails_
 
 
 # (b, hq, hkv, nq, nk, d, causal), the query length a multiple of the v6 query tile (16 interpreted, 64 compiled):
-# GQA, Nq < Nk, Nq > Nk (causal rows that see no key), a ragged last key tile, one query head
+# GQA, Nq < Nk, Nq > Nk (causal rows that see no key), a ragged last key tile, one query head, d = 48
 V6_CASES = [(1, 4, 2, 2, 2, 32, True), (1, 4, 2, 3, 5, 32, True), (1, 2, 1, 4, 2.5, 64, True),
-            (1, 2, 2, 2, 2.8, 32, False), (2, 1, 1, 3, 3, 16, True)]
+            (1, 2, 2, 2, 2.8, 32, False), (2, 1, 1, 3, 3, 16, True), (1, 2, 1, 2, 2, 48, True)]
 V6_TILE = 16 if DEVICE == "cpu" else 64
+V6_DTYPES = [torch.float32, torch.float16] if DEVICE == "cpu" else [torch.float16]  # compiled: 16-bit only
+V6_DTYPE = V6_DTYPES[-1] if DEVICE == "cuda" else torch.float32
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", V6_DTYPES)
 @pytest.mark.parametrize("case", V6_CASES)
 def test_backward_v6_one_loop_matches_reference(case, dtype):
     """v6 runs the dK/dV side in one loop over every query tile, each masked (causal), and gets the float64
@@ -569,11 +571,12 @@ def test_backward_v6_runs_v4_loops_on_a_ragged_query_length():
     """A query length that is not a whole number of tiles needs the row masks of v4's last loop: v6 runs v4."""
     from minillm.kernels import flash_attention as fa
 
-    got, want = grads_and_reference(1, 4, 2, V6_TILE + 5, 2 * V6_TILE, 32, True, torch.float32,
+    got, want = grads_and_reference(1, 4, 2, V6_TILE + 5, 2 * V6_TILE, 32, True, V6_DTYPE,
                                     lambda *t: fa._backward(*t, True, 32 ** -0.5, "v6"))
     assert fa.last_backward_path == ("tma", "split")
+    assert fa.last_backward_config == fa._bwd_blocks(32, V6_DTYPE, impl="v4")  # v4's tiles too, not v6's
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, atol=BWD_TOL[torch.float32])
+        np.testing.assert_allclose(g, w, atol=BWD_TOL[V6_DTYPE])
 
 
 def test_backward_v6_falls_back_to_v4_loops_when_the_one_loop_fails_to_compile(monkeypatch):
@@ -600,12 +603,19 @@ def test_backward_v6_falls_back_to_v4_loops_when_the_one_loop_fails_to_compile(m
     monkeypatch.setattr(fa, "_one_loop_failed", set())
     monkeypatch.setattr(fa, "_bwd_config_chosen", {})
     monkeypatch.setattr(fa, "fast_path_on", lambda: False)  # bind() through the patched kernel, no plan
-    got, want = grads_and_reference(1, 4, 2, 2 * V6_TILE, 2 * V6_TILE, 32, True, torch.float32,
+    got, want = grads_and_reference(1, 4, 2, 2 * V6_TILE, 2 * V6_TILE, 32, True, V6_DTYPE,
                                     lambda *t: fa._backward(*t, True, 32 ** -0.5, "v6"))
     assert tried == [True, False] and fa.last_backward_path == ("tma", "split")
-    assert (32, torch.float32, True) in fa._one_loop_failed
+    assert (32, V6_DTYPE, True) in fa._one_loop_failed
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, atol=5e-5)
+        np.testing.assert_allclose(g, w, atol=BWD_TOL[V6_DTYPE])
+    # with an explicit config (the tune sweep) the failure is the caller's to see, not a silent fallback
+    monkeypatch.setattr(fa, "_one_loop_failed", set())
+    cfg = fa._bwd_blocks(32, V6_DTYPE, impl="v6")
+    with pytest.raises(fa._OneLoopFailed, match="NVGPUWarpSpecialization"):
+        grads_and_reference(1, 4, 2, 2 * V6_TILE, 2 * V6_TILE, 32, True, V6_DTYPE,
+                            lambda *t: fa._backward_v2(*t, True, 32 ** -0.5, config=cfg, tma=True, split=True,
+                                                       one_loop=True))
 
 
 @pytest.mark.gpu

@@ -43,6 +43,17 @@ def test_propose_greedy_tokens_equal_cached_decode_with_preemption_and_prefix_ca
     assert not eng.proposer._written                     # finished sequences were released
 
 
+def test_abort_request_releases_the_draft_models_state(tiny_model, draft_model):
+    """An aborted request's draft-model bookkeeping goes with it, as a finished one's does."""
+    eng = spec_engine(tiny_model, draft_model, 3)
+    rid = eng.add_request([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
+    eng.step()
+    eng.step()
+    assert rid in eng.proposer._written
+    eng.abort_request(rid)
+    assert eng.output(rid).finish_reason == "abort" and not eng.proposer._written
+
+
 def test_propose_draft_equal_to_target_accepts_every_draft(tiny_model):
     """Draft == target: in greedy every draft is accepted, so every verify step emits k + 1 tokens."""
     k = 3

@@ -433,6 +433,52 @@ def test_engine_internal_error_in_one_request_finishes_it_and_serves_the_rest(sm
     assert after.token_ids == cached_decode(small_model, [8, 9], 6).new_tokens and bm.num_free == bm.num_blocks
 
 
+class FreeFailsOnce(BlockManager):
+    """A real BlockManager whose first free() of request ``bad_id`` raises (a fault while preempting it)."""
+
+    def __init__(self, num_blocks, block_size, bad_id):
+        super().__init__(num_blocks, block_size)
+        self.bad_id, self.fired = bad_id, False
+
+    def free(self, seq):
+        if seq.seq_id == self.bad_id and not self.fired:
+            self.fired = True
+            raise IndexError("injected free fault")
+        super().free(seq)
+
+
+def test_engine_error_while_preempting_finishes_the_victim_not_the_requester(small_model):
+    """When preempting a victim fails, the victim is finished with the error; the sequence that needed the
+    block goes on and every other request completes with the simple decoder's tokens."""
+    cfg = small_model.config
+    bm = FreeFailsOnce(6, 4, bad_id=2)
+    eng = LLMEngine(NumpyRunner(small_model, 6, 4), 6, 4, cfg.max_seq_len, cfg.vocab_size, SchedulerConfig(),
+                    block_manager=bm)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9], [10, 11, 12]]
+    ids = [eng.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True)) for p in prompts]
+    with pytest.warns(RuntimeWarning, match="request 2 failed.*injected free fault"):
+        eng.run()
+    assert bm.fired and not eng.has_unfinished()
+    assert eng.output(ids[2]).finish_reason == "error"
+    for i in (0, 1):
+        assert eng.output(ids[i]).token_ids == cached_decode(small_model, prompts[i], 10).new_tokens
+    assert bm.num_free == bm.num_blocks
+
+
+def test_engine_runner_returning_too_few_tokens_raises(small_model):
+    """A runner fault is nobody's sequence: the step raises instead of failing every request one by one."""
+    cfg = small_model.config
+
+    class ShortRunner(NumpyRunner):
+        def execute(self, batch):
+            return super().execute(batch)[:-1]
+
+    eng = LLMEngine(ShortRunner(small_model, 16, 8), 16, 8, cfg.max_seq_len, cfg.vocab_size, SchedulerConfig())
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(ValueError, match="logits rows but the runner returned"):
+        eng.step()
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_engine_sequence_with_broken_accounting_is_finished_with_an_error(small_model, k):
     """The state the speculative stop bug left behind (num_computed past the sequence's end) no longer

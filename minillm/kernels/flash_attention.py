@@ -1306,6 +1306,10 @@ _BWD_FALLBACKS = ((64, 64, 64, 64, 4, 2), (32, 64, 64, 32, 4, 1), (16, 32, 32, 1
 _bwd_config_chosen: dict = {}
 _tma_reduce_failed: set = set()  # (head dim, dtype) whose TMA reduction of dQ failed to compile once
 _one_loop_failed: set = set()  # (head dim, dtype, causal) whose warp-specialized dK/dV loop (v6) failed to compile
+
+
+class _OneLoopFailed(Exception):
+    """v6's warp-specialized dK/dV launch failed to compile or launch (not for lack of memory)."""
 last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
 last_backward_path = None  # ("tma" or "pointers", "split" or "one launch"[, how v5 added dQ / v6's one loop]) of the latest v2-v6 call
 
@@ -1319,8 +1323,9 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
     cast to dQ's dtype at the end; the order of those float32 additions varies from run to run, so
     dQ is not bit-reproducible. ``one_loop`` (v6, with ``tma`` and ``split``): the dK/dV launch runs one
     warp-specialized loop (``_bwd_dkdv_tile``'s ONE_LOOP) where the query length is a multiple of its query
-    tile and the dtype 16-bit (in the interpreter any dtype), else v4's three loops; a Triton that cannot
-    compile it also gets v4's, remembered per (head dim, dtype, causal). ``config`` = _bwd_blocks' tuple,
+    tile and the dtype 16-bit (in the interpreter any dtype), else v4's three loops with v4's tiles; a Triton
+    that cannot compile it also gets v4's, remembered per (head dim, dtype, causal) (with an explicit
+    ``config`` the error propagates instead). ``config`` = _bwd_blocks' tuple,
     plus (num_warps, num_stages) of the dQ launch when split, overrides the table (and then an
     OutOfResources error propagates: the tune sweep records it)."""
     global last_backward_kernel, last_backward_config, last_backward_path
@@ -1356,6 +1361,12 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
     # v6's one warp-specialized dK/dV loop: TMA, two launches, and a dtype and Triton that were seen to compile it
     one_loop = (one_loop and tma and split and not dq_atomic and (D, q.dtype, causal) not in _one_loop_failed
                 and (INTERPRETED or q.dtype in (torch.float16, torch.bfloat16)))
+    if one_loop:  # whole query tiles only (no row masks in the one loop); else v4's loops, tiles and key
+        m1 = (config or _bwd_config_chosen.get((D, q.dtype, tma, split, dq_atomic, True),
+                                               _bwd_blocks(D, q.dtype, impl="v6")))[0]
+        one_loop = Nq % m1 == 0
+
+    from triton.runtime.errors import OutOfResources
 
     def launch(cfg):
         m1, n1, m2, n2, warps, stages = cfg[:6]
@@ -1374,8 +1385,16 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
                          num_stages=stages, **common)]
         warps2, stages2 = cfg[6:8] if len(cfg) >= 8 else (warps, stages)
         ol = {"ONE_LOOP": True} if one_loop and Nq % m1 == 0 else {}  # every query tile whole: no row masks
-        return [bind(_bwd_kernel_v2, (n_kv, B * Hkv), 9, *args, SIDE=1, num_warps=warps, num_stages=stages,
-                     **ol, **common),
+        try:
+            side1 = bind(_bwd_kernel_v2, (n_kv, B * Hkv), 9, *args, SIDE=1, num_warps=warps, num_stages=stages,
+                         **ol, **common)
+        except OutOfResources:
+            raise
+        except Exception as e:  # noqa: BLE001
+            if ol and not isinstance(e, getattr(torch, "OutOfMemoryError", MemoryError)):
+                raise _OneLoopFailed(f"{type(e).__name__}: {e}") from e
+            raise
+        return [side1,
                 bind(_bwd_kernel_v2, (n_q * group, B * Hkv), 9, *args, SIDE=2, num_warps=warps2, num_stages=stages2,
                      **common)]
 
@@ -1386,8 +1405,6 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
         impl = "v5" if dq_atomic else "v6" if one_loop else "v4" if split else "v3" if tma else "v2"
         candidates = [_bwd_config_chosen.get(key, _bwd_blocks(D, q.dtype, impl=impl))]
         candidates += [c for c in _BWD_FALLBACKS if c != candidates[0]]
-    from triton.runtime.errors import OutOfResources
-
     for i, cfg in enumerate(candidates):
         try:
             mains = launch(cfg)
@@ -1395,13 +1412,15 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
             if i == len(candidates) - 1:
                 raise
             continue
-        except Exception:  # noqa: BLE001  (a TMA reduction or a v6 loop that does not compile: v5's / v4's way)
-            if reduce == 2:
-                _tma_reduce_failed.add((D, q.dtype))
-            elif one_loop:
-                _one_loop_failed.add((D, q.dtype, causal))
-            else:
+        except _OneLoopFailed:  # v6's loop does not compile here: v4's loops (an explicit config: the error)
+            if config is not None:
                 raise
+            _one_loop_failed.add((D, q.dtype, causal))
+            return _backward_v2(q, k, v, o, lse, do, causal, scale, config, tma, split, dq_atomic, one_loop)
+        except Exception:  # noqa: BLE001  (a TMA reduction that does not compile: pointer atomics instead)
+            if reduce != 2:
+                raise
+            _tma_reduce_failed.add((D, q.dtype))
             return _backward_v2(q, k, v, o, lse, do, causal, scale, config, tma, split, dq_atomic, one_loop)
         if config is None:
             _bwd_config_chosen[key] = cfg

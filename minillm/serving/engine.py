@@ -123,7 +123,10 @@ class LLMEngine:
         return seq.seq_id
 
     def abort_request(self, request_id: int) -> None:
-        self.scheduler.abort(self.requests[request_id], self.runner.now())
+        seq = self.requests[request_id]
+        self.scheduler.abort(seq, self.runner.now())
+        if seq.finished:
+            self._release([seq])               # the draft model's state for it, if any
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

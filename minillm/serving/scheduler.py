@@ -170,7 +170,12 @@ class Scheduler:
                     victim = self.running.pop()  # the latest admitted; never one already chosen (those are < i)
                     if victim is not seq and victim.is_decoding:
                         reserve -= 1             # it was counted as a decode still to serve
-                    self._preempt(victim)
+                    try:
+                        self._preempt(victim)
+                    except Exception as e:       # the victim's own error: finish it, not the one that asked
+                        if victim is seq:
+                            raise
+                        self.fail(victim, e, now)
                     self.memory_limited = True
                     if victim is seq:
                         break
@@ -295,6 +300,9 @@ class Scheduler:
         with an error (:meth:`fail`); the others are accounted for as usual.
         """
         now = time.perf_counter() if now is None else now
+        if len(token_ids) != len(batch.logits_rows):  # the runner's fault, not any one sequence's: no isolation
+            raise ValueError(f"the step has {len(batch.logits_rows)} logits rows but the runner returned "
+                             f"{len(token_ids)} tokens")
         got = []
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
             if seq.finished:                    # aborted or failed while the step ran
