@@ -38,6 +38,7 @@ class TemperatureSampler:
 # hash runs in torch on the GPU (minillm.serving.torch_runner), with no host sync per row.
 
 _M32 = 0xFFFFFFFF
+SEED_LIMIT = _M32 + 1  # seeds (and steps) are hashed as 32-bit integers: they must lie in [0, SEED_LIMIT)
 
 
 def mix32(x):
@@ -54,7 +55,7 @@ def counter_uniform(seed: np.ndarray, step: np.ndarray, vocab_size: int) -> np.n
     silently give the same draws as seed mod 2**32, and is refused instead."""
     seed, step = np.asarray(seed), np.asarray(step)
     for name, a in (("seed", seed), ("step", step)):
-        if a.size and (a.min() < 0 or a.max() > _M32):
+        if a.size and (a.min() < 0 or a.max() >= SEED_LIMIT):
             raise ValueError(f"counter_uniform hashes 32-bit integers: every {name} must lie in [0, 2**32), "
                              f"got values in [{a.min()}, {a.max()}]")
     seed = seed.astype(np.uint64)[:, None]

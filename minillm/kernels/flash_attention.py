@@ -1306,12 +1306,12 @@ _BWD_FALLBACKS = ((64, 64, 64, 64, 4, 2), (32, 64, 64, 32, 4, 1), (16, 32, 32, 1
 _bwd_config_chosen: dict = {}
 _tma_reduce_failed: set = set()  # (head dim, dtype) whose TMA reduction of dQ failed to compile once
 _one_loop_failed: set = set()  # (head dim, dtype, causal) whose warp-specialized dK/dV loop (v6) failed to compile
+last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
+last_backward_path = None  # ("tma" or "pointers", "split" or "one launch"[, how v5 added dQ / v6's one loop]) of the latest v2-v6 call
 
 
 class _OneLoopFailed(Exception):
     """v6's warp-specialized dK/dV launch failed to compile or launch (not for lack of memory)."""
-last_backward_config = None  # the (M1, N1, M2, N2, warps, stages) backward v2 last ran with
-last_backward_path = None  # ("tma" or "pointers", "split" or "one launch"[, how v5 added dQ / v6's one loop]) of the latest v2-v6 call
 
 
 def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, tma: bool = False,
@@ -1366,6 +1366,9 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
                                                _bwd_blocks(D, q.dtype, impl="v6")))[0]
         one_loop = Nq % m1 == 0
 
+    def runs_one_loop(cfg) -> bool:  # a fallback candidate's query tile may not divide Nq: that one runs v4's loops
+        return one_loop and Nq % cfg[0] == 0
+
     from triton.runtime.errors import OutOfResources
 
     def launch(cfg):
@@ -1384,7 +1387,7 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
             return [bind(_bwd_kernel_v2, (n_kv + n_q * group, B * Hkv), 9, *args, SIDE=0, num_warps=warps,
                          num_stages=stages, **common)]
         warps2, stages2 = cfg[6:8] if len(cfg) >= 8 else (warps, stages)
-        ol = {"ONE_LOOP": True} if one_loop and Nq % m1 == 0 else {}  # every query tile whole: no row masks
+        ol = {"ONE_LOOP": True} if runs_one_loop(cfg) else {}  # every query tile whole: no row masks
         try:
             side1 = bind(_bwd_kernel_v2, (n_kv, B * Hkv), 9, *args, SIDE=1, num_warps=warps, num_stages=stages,
                          **ol, **common)
@@ -1426,7 +1429,7 @@ def _backward_v2(q, k, v, o, lse, do, causal: bool, scale: float, config=None, t
             _bwd_config_chosen[key] = cfg
         last_backward_kernel, last_backward_config = mains[0].compiled, cfg
         last_backward_path = ("tma" if tma else "pointers", "split" if split else "one launch")
-        if one_loop and Nq % cfg[0] == 0:
+        if runs_one_loop(cfg):
             last_backward_path += ("one warp-specialized loop",)
         if dq_atomic:
             last_backward_path += ("tma reduce" if reduce == 2 else "pointer atomics",)

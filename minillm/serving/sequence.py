@@ -12,14 +12,13 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ..sampling import SEED_LIMIT
+
 
 def _int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-SEED_LIMIT = 2**32        # seeds are hashed as 32-bit integers (minillm.sampling.counter_uniform)
 
 
 def _token_ids(name: str, value) -> tuple[int, ...]:
