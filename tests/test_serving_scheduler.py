@@ -1,6 +1,7 @@
 """Scheduler properties on random traces (hypothesis), run through the engine with the simulated runner,
 plus the same with the NumPy model for token identity after preemption."""
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -223,7 +224,7 @@ def spec_traces(draw):
     reqs, bs, num_blocks, cfg, prefix = draw(traces())
     k = draw(st.integers(1, 4))
     return reqs, bs, num_blocks, SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
-                                                 max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                                 max_num_batched_tokens=max(cfg.max_num_batched_tokens, k + 1),
                                                  max_prefill_chunk=cfg.max_prefill_chunk,
                                                  num_speculative_tokens=k), prefix
 
@@ -265,3 +266,41 @@ def test_scheduler_speculative_requests_keep_the_simple_decoders_tokens(small_mo
     ids = serve(eng, reqs, lambda b: None)
     for i, (prompt, out, _) in enumerate(reqs):
         assert eng.output(ids[i]).token_ids == cached_decode(small_model, prompt, out).new_tokens
+
+
+def test_schedule_seeded_sampling_decode_takes_its_whole_draft_or_waits():
+    """Budget 7, k = 4: two seeded sampling requests and a greedy one, all decoding. A seeded request's draft
+    is always as long as its own tokens allow (what the n-gram drafter finds for k, max_tokens permitting),
+    never trimmed by the budget the others leave: when it does not fit, the request waits a step. The greedy
+    request's drafts take what is left (before the fix the second seeded request drafted 1 token, not 4)."""
+    bm = BlockManager(num_blocks=64, block_size=4)
+    k, budget = 4, 7
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, num_speculative_tokens=k), bm, MAX_LEN,
+                      NgramDrafter())
+    hot = SamplingParams(temperature=0.8, max_tokens=20, seed=7)
+    seqs = [Sequence(0, [1, 2, 1, 2], hot), Sequence(1, [1, 2, 1, 2], hot),
+            Sequence(2, [1, 2, 1, 2], SamplingParams(max_tokens=20))]
+    for s in seqs:
+        sched.add(s)
+    waited = trimmed = 0
+    while sched.has_unfinished():
+        decoding = [s for s in sched.running if s.is_decoding]
+        own = {s.seq_id: NgramDrafter().lookup(s.tokens, min(k, s.params.max_tokens - len(s.output) - 1))
+               for s in decoding}
+        batch = sched.schedule()
+        assert batch.num_tokens <= budget
+        for s, d in zip(batch.seqs, batch.drafts):
+            if s.seq_id < 2 and s in decoding:
+                assert d == own[s.seq_id], "a seeded sampling request's draft depends only on itself"
+            elif s.seq_id == 2:
+                trimmed += len(d) < len(own.get(2, []))
+        waited += sum(1 for s in decoding if s not in batch.seqs)
+        target_answers_9(sched, batch)
+    assert waited > 0 and trimmed > 0
+    assert [len(s.output) for s in seqs] == [20, 20, 20] and bm.num_free == bm.num_blocks
+
+
+def test_scheduler_config_rejects_a_budget_smaller_than_one_speculative_decode():
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(4\).*num_speculative_tokens \+ 1 \(5\)"):
+        SchedulerConfig(max_num_batched_tokens=4, num_speculative_tokens=4)
+    assert SchedulerConfig(max_num_batched_tokens=5, num_speculative_tokens=4).max_num_batched_tokens == 5

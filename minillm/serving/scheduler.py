@@ -9,6 +9,16 @@ vLLM v1 and Sarathi). Speculative draft tokens come last: a decoding sequence dr
 the budget (and free blocks) that decodes and prefill chunks left over, so speculation never delays
 another sequence's token or a newcomer's prefill; under load it simply drafts less.
 
+One exception keeps the seed's promise (the same tokens whatever the batch): a sampling request with a seed
+(temperature > 0, ``seed`` set) emits a different token at a position that verifies a draft than at one that
+samples plainly (the accept/residual streams of :func:`minillm.sampling.verify_batch`), so its draft length
+must not depend on the other requests. Its draft is part of its decode: it is as long as its own state
+allows (k, the n-gram match, ``max_tokens``, ``max_seq_len``), it takes its budget and blocks with the
+decodes (preempting like a decode if blocks are missing), and if the whole decode does not fit the budget
+left this step it waits for a later step instead of drafting less. Greedy requests (whose tokens are the
+argmax whatever the draft) and unseeded ones may still be trimmed. ``max_num_batched_tokens`` must hold at
+least ``k + 1`` tokens, so that such a decode always fits an empty step.
+
 When a running sequence needs a block and none is free, the most recently admitted running sequence is
 preempted -- possibly the one asking -- by recompute: its blocks are freed, it goes back to the front of
 the waiting queue, and it later prefills prompt + output again. Its tokens are kept, so greedy decoding
@@ -61,6 +71,10 @@ class SchedulerConfig:
         c = self.max_prefill_chunk
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise ValueError(f"max_prefill_chunk must be None or an integer >= 1, got {c!r}")
+        if k and self.max_num_batched_tokens < k + 1:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                             f"num_speculative_tokens + 1 ({k + 1}): a seeded sampling request verifies its whole "
+                             f"draft in one step")
 
 
 class RequestRejected(ValueError):
@@ -138,12 +152,13 @@ class Scheduler:
     def schedule(self, now: float | None = None) -> StepBatch | None:
         """Pick this step's sequences and token counts, and give them blocks. None when there is no work.
 
-        1. Running sequences, in admission order: a decode takes one token; a sequence still prefilling
-           takes a chunk of what the budget holds beyond one token per running decode not yet served.
-           When a block is missing, the latest admitted sequence is preempted.
+        1. Running sequences, in admission order: a decode takes one token (a seeded sampling request's
+           decode takes 1 + its whole draft, or waits if that does not fit the budget left: see the module
+           docstring); a sequence still prefilling takes a chunk of what the budget holds beyond the decodes
+           not yet served. When a block is missing, the latest admitted sequence is preempted.
         2. Waiting requests, first come first served, while budget and ``max_num_seqs`` allow.
-        3. Speculation: each decoding sequence drafts up to k tokens from the budget left after 1 and 2,
-           and only into free blocks (a draft never preempts anyone).
+        3. Speculation: every other decoding sequence drafts up to k tokens from the budget left after 1
+           and 2, and only into free blocks (such a draft never preempts anyone).
 
         Sets ``memory_limited``; counts ``num_steps``. ``now`` (the engine's clock) stamps a sequence that
         an internal error finishes here (see :meth:`fail`)."""
@@ -152,7 +167,12 @@ class Scheduler:
         self.memory_limited = False
         failed_before = len(self.failed)
         chosen: list[list] = []                  # [seq, tokens this step]
-        reserve = sum(1 for s in self.running if s.is_decoding)   # decodes not yet served this step
+        drafts: dict[int, list[int]] = {}
+        fixed = self._fixed_drafts(now)          # seeded sampling decodes: their whole draft, or they wait
+
+        def unit(s):                             # the tokens of a decode
+            return 1 + len(fixed.get(s.seq_id, ()))
+        reserve = sum(unit(s) for s in self.running if s.is_decoding)   # decode tokens not yet served this step
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -161,15 +181,15 @@ class Scheduler:
                     raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_computed} computed tokens of "
                                        f"{len(seq)}: its accounting is broken")
                 decoding = seq.is_decoding
-                reserve -= decoding
-                n = self._chunk(seq, budget if decoding else budget - reserve)
-                if n <= 0:                       # a prefill chunk waits while the decodes take the budget
-                    i += 1
+                reserve -= unit(seq) if decoding else 0
+                n = unit(seq) if decoding else self._chunk(seq, budget - reserve)
+                if n <= 0 or n > budget:         # a prefill chunk waits while the decodes take the budget; a
+                    i += 1                       # seeded sampling decode waits for room for its whole draft
                     continue
                 while not self.bm.can_grow(seq, seq.num_computed + n):
                     victim = self.running.pop()  # the latest admitted; never one already chosen (those are < i)
                     if victim is not seq and victim.is_decoding:
-                        reserve -= 1             # it was counted as a decode still to serve
+                        reserve -= unit(victim)  # it was counted as a decode still to serve
                     try:
                         self._preempt(victim)
                     except Exception as e:       # the victim's own error: finish it, not the one that asked
@@ -182,6 +202,8 @@ class Scheduler:
                 else:
                     self.bm.allocate(seq, seq.num_computed + n)
                     chosen.append([seq, n])
+                    if fixed.get(seq.seq_id) and decoding:
+                        drafts[seq.seq_id] = fixed[seq.seq_id]
                     budget -= n
                     i += 1
             except Exception as e:              # an internal error in one sequence: finish it, serve the rest
@@ -217,13 +239,12 @@ class Scheduler:
                 self._static_quota -= 1
             chosen.append([seq, n])
             budget -= n
-        drafts: dict[int, list[int]] = {}
         if self.config.num_speculative_tokens:
             for entry in chosen:                # lowest priority: drafts take what decodes and prefills left
                 seq, n = entry
                 if budget <= 0:
                     break
-                if n != 1:
+                if n != 1 or seq.seq_id in fixed:
                     continue
                 try:
                     draft = self._draft(seq, budget)
@@ -269,6 +290,23 @@ class Scheduler:
             if len(ok) == len(chosen):
                 raise                           # no single sequence is at fault: a bug in the batch itself
             return build(ok) if ok else None
+
+    def _fixed_drafts(self, now: float | None) -> dict[int, list[int]]:
+        """The drafts of the running seeded sampling requests that decode this step, by seq_id: as long as
+        their own state allows, whatever the budget (see the module docstring). A sequence whose drafter
+        fails is finished with an error."""
+        out = {}
+        if not self.config.num_speculative_tokens:
+            return out
+        for seq in list(self.running):
+            p = seq.params
+            if p.greedy or p.seed is None or not seq.is_decoding:
+                continue
+            try:
+                out[seq.seq_id] = self._draft(seq, self.config.num_speculative_tokens)
+            except Exception as e:
+                self.fail(seq, e, now)
+        return out
 
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
         """Up to k draft tokens for a decoding sequence, clipped to what it may still emit and hold and to

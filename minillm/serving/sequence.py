@@ -46,8 +46,10 @@ class SamplingParams:
     stop_token_ids generation stops after emitting one of these (it is kept in the output); token ids >= 0
                    (the engine checks them against its vocabulary when the request is added)
     ignore_eos     do not stop at the end-of-sequence token (for fixed-length benchmarks)
-    seed           the request's own randomness: the same seed gives the same tokens whatever the batch;
-                   an integer in [0, 2**32) (the sampler hashes 32 bits of it, so a larger seed would alias)
+    seed           the request's own randomness: the same seed gives the same tokens whatever the batch,
+                   with speculative decoding too (the scheduler never trims a seeded sampling request's
+                   drafts to fit the others: see minillm.serving.scheduler); an integer in [0, 2**32) (the
+                   sampler hashes 32 bits of it, so a larger seed would alias)
     """
 
     temperature: float = 0.0
