@@ -19,6 +19,8 @@ projection, in NumPy and in PyTorch alike (see :mod:`minillm.torch_model`).
 from __future__ import annotations
 
 import json
+import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -352,12 +354,97 @@ def save_checkpoint(path, config: ModelConfig, params: dict[str, np.ndarray], me
     return path
 
 
+class CheckpointError(ValueError):
+    """A checkpoint, Medusa-heads or training-log file that exists but cannot be used. The message names the
+    file and what is wrong: not an .npz archive, truncated, an entry missing, pickled objects, bad JSON, ..."""
+
+
+def read_npz(path, what: str = "checkpoint") -> dict[str, np.ndarray]:
+    """Every array of an .npz file, read with ``allow_pickle=False``, in the file's order.
+
+    Raises :class:`CheckpointError` naming the file when it is not a complete .npz archive (empty, not a zip,
+    truncated, a bad CRC), when an entry is not a NumPy array, or when an entry is an object array (pickled
+    Python objects: loading those can run arbitrary code, and no minillm file contains one).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a .npz {what}")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head != b"PK\x03\x04":
+        why = "the file is empty" if not head else "it does not start with the zip signature (corrupt, or not an .npz)"
+        raise CheckpointError(f"{path} is not a valid .npz {what}: {why}")
+    arrays = {}
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            for key in f.files:
+                try:
+                    value = f[key]
+                except ValueError as e:
+                    if "allow_pickle" not in str(e):
+                        raise
+                    raise CheckpointError(f"{path}: entry {key!r} contains object arrays (pickled Python objects); "
+                                          f"a {what} holds only numeric arrays and JSON strings, and loading pickles "
+                                          f"can run arbitrary code, so it is refused") from None
+                if not isinstance(value, np.ndarray):
+                    raise CheckpointError(f"{path}: entry {key!r} is not a NumPy array, so this is not a .npz {what}")
+                arrays[key] = value
+    except CheckpointError:
+        raise
+    except (zipfile.BadZipFile, EOFError, ValueError, zlib.error) as e:
+        raise CheckpointError(f"{path} is not a valid .npz {what}: it is truncated or corrupt "
+                              f"({type(e).__name__}: {e})") from e
+    return arrays
+
+
+def read_json_entry(path, arrays: dict[str, np.ndarray], key: str) -> dict:
+    """The JSON object stored as the 0-d string entry ``key`` of an .npz (``__config__``, ``__meta__``)."""
+    value = arrays[key]
+    if value.shape != () or value.dtype.kind != "U":
+        raise CheckpointError(f"{path}: entry {key!r} must be a 0-d string holding JSON, got a {value.dtype} "
+                              f"array of shape {value.shape}")
+    try:
+        obj = json.loads(str(value))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: entry {key!r} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: entry {key!r} must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def load_checkpoint(path) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
-    with np.load(path, allow_pickle=False) as f:
-        config = ModelConfig(**json.loads(str(f["__config__"])))
-        meta = json.loads(str(f["__meta__"]))
-        params = {k: f[k].astype(np.float32) for k in f.files if not k.startswith("__")}
-    return config, params, meta
+    """Read a checkpoint written by :func:`save_checkpoint`: (config, float32 params, meta).
+
+    A file that is not one raises :class:`CheckpointError` (a ``ValueError``) naming the file and the
+    problem: not a valid .npz (empty, truncated, corrupt), object arrays, a missing or invalid
+    ``__config__``, or parameters that do not match the config. ``__meta__`` is optional ({} without it).
+    """
+    path = Path(path)
+    arrays = read_npz(path, "checkpoint")
+    if "__config__" not in arrays:
+        hint = ("; it holds Medusa heads (an entry 'w'): load those with minillm.medusa.load_medusa"
+                if "w" in arrays else "")
+        raise CheckpointError(f"{path} is missing the '__config__' entry (the ModelConfig as JSON), so it is "
+                              f"not a minillm model checkpoint{hint}")
+    fields = read_json_entry(path, arrays, "__config__")
+    try:
+        config = ModelConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: '__config__' is not a valid ModelConfig ({e})") from None
+    meta = read_json_entry(path, arrays, "__meta__") if "__meta__" in arrays else {}
+    params = {k: v for k, v in arrays.items() if not k.startswith("__")}
+    expected = config.param_shapes()
+    missing, extra = sorted(expected.keys() - params.keys()), sorted(params.keys() - expected.keys())
+    if missing or extra:
+        raise CheckpointError(f"{path}: its parameters do not match its '__config__': missing {missing[:5]}, "
+                              f"unexpected {extra[:5]}")
+    for name, shape in expected.items():
+        a = params[name]
+        if a.dtype.kind not in "fiu":
+            raise CheckpointError(f"{path}: parameter {name!r} has dtype {a.dtype}, not a real number type")
+        if a.shape != tuple(shape):
+            raise CheckpointError(f"{path}: parameter {name!r} has shape {a.shape}, its '__config__' says {shape}")
+    return config, {k: v.astype(np.float32) for k, v in params.items()}, meta
 
 
 def load_model(name: str = "tiny", attn_fn=standard_attention) -> Model:
@@ -373,16 +460,29 @@ def load_model(name: str = "tiny", attn_fn=standard_attention) -> Model:
 def load_training_log(name: str = "tiny") -> dict[str, list[float]]:
     """The training log shipped next to a checkpoint ("tiny" or "draft"), as ``python -m minillm.train`` wrote it.
 
+    ``name`` may also be a path: a ``..._log.json`` file, or a checkpoint ``.npz`` whose ``<stem>_log.json``
+    sits next to it (where the training CLIs write it).
     Keys: ``step`` and ``train_loss`` (one batch's loss, every few steps), ``val_step`` and
     ``val_loss`` (held-out loss at each evaluation), ``seconds`` (wall time at each logged step).
-    Losses are cross-entropy in nats per byte.
+    Losses are cross-entropy in nats per byte. A file that is not such a log raises :class:`CheckpointError`.
     """
-    path = WEIGHTS_DIR / f"{name}_log.json"
+    if str(name).endswith(".json"):
+        path = Path(name)
+    elif str(name).endswith(".npz"):
+        path = Path(name).with_name(Path(name).stem + "_log.json")
+    else:
+        path = WEIGHTS_DIR / f"{name}_log.json"
     if not path.exists():
         shipped = sorted(p.name.removesuffix("_log.json") for p in WEIGHTS_DIR.glob("*_log.json"))
         raise FileNotFoundError(f"no training log {path.name}; shipped logs: {shipped}")
-    log = json.loads(path.read_text())
+    try:
+        log = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:             # JSONDecodeError and UnicodeDecodeError both are
+        raise CheckpointError(f"{path} is not a valid training log: not UTF-8 JSON, truncated or corrupt "
+                              f"({type(e).__name__}: {e})") from None
+    if not isinstance(log, dict):
+        raise CheckpointError(f"{path} is not a training log: it holds a JSON {type(log).__name__}, not an object")
     missing = {"step", "train_loss", "val_step", "val_loss"} - set(log)
     if missing or len(log["step"]) != len(log["train_loss"]) or len(log["val_step"]) != len(log["val_loss"]):
-        raise ValueError(f"{path.name} is not a training log: missing {sorted(missing)} or mismatched lengths")
+        raise CheckpointError(f"{path} is not a training log: missing {sorted(missing)} or mismatched lengths")
     return log

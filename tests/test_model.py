@@ -1,11 +1,12 @@
 import json
+import re
 
 import numpy as np
 import pytest
 
 from minillm.model import (
-    Model, ModelConfig, StepOps, apply_rope, init_params, load_checkpoint, load_model, load_training_log, rope_tables,
-    save_checkpoint,
+    WEIGHTS_DIR, CheckpointError, Model, ModelConfig, StepOps, apply_rope, init_params, load_checkpoint, load_model,
+    load_training_log, rope_tables, save_checkpoint,
 )
 from minillm.tokenizer import ByteTokenizer
 
@@ -158,6 +159,108 @@ def test_load_training_log_matches_checkpoint_meta(name):
 def test_load_training_log_unknown_name_lists_shipped():
     with pytest.raises(FileNotFoundError, match="tiny"):
         load_training_log("no-such-model")
+
+
+# --------------------------------------------------------------------------- unreadable checkpoints and logs
+
+
+def _raises_naming(path, match):
+    """pytest.raises for a CheckpointError (a ValueError) whose message names ``path`` and matches ``match``."""
+    return pytest.raises(CheckpointError, match=f"(?s)^{re.escape(str(path))}.*{match}")
+
+
+def test_load_checkpoint_truncated_file(tmp_path):
+    data = (WEIGHTS_DIR / "draft.npz").read_bytes()
+    for n in (len(data) // 2, len(data) - 1, 100):
+        path = tmp_path / f"cut{n}.npz"
+        path.write_bytes(data[:n])
+        with _raises_naming(path, "not a valid .npz checkpoint: it is truncated or corrupt"):
+            load_checkpoint(path)
+        with _raises_naming(path, "truncated or corrupt"):
+            load_model(path)                    # a path string ending in .npz goes through the same check
+
+
+def test_load_checkpoint_random_bytes_and_empty_file(tmp_path, rng):
+    path = tmp_path / "noise.npz"
+    path.write_bytes(rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with _raises_naming(path, "not a valid .npz checkpoint: it does not start with the zip signature"):
+        load_checkpoint(path)
+    path.write_bytes(b"")
+    with _raises_naming(path, "not a valid .npz checkpoint: the file is empty"):
+        load_checkpoint(path)
+
+
+def test_load_checkpoint_missing_config(tmp_path):
+    params = init_params(SMALL, seed=1)
+    path = tmp_path / "noconfig.npz"
+    np.savez(path, **params, __meta__=np.array("{}"))
+    with _raises_naming(path, "missing the '__config__' entry"):
+        load_checkpoint(path)
+
+
+def test_load_checkpoint_object_array_is_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "m.npz", SMALL, init_params(SMALL, seed=1))
+    with np.load(path) as f:
+        arrays = dict(f)
+    arrays["embed"] = np.array([{"not": "numbers"}], dtype=object)
+    np.savez(path, **arrays)                    # NumPy pickles the object array
+    with _raises_naming(path, "entry 'embed' contains object arrays"):
+        load_checkpoint(path)
+
+
+def test_load_checkpoint_config_and_params_must_agree(tmp_path):
+    params = init_params(SMALL, seed=1)
+    path = tmp_path / "m.npz"
+    save_checkpoint(path, SMALL, {k: v for k, v in params.items() if k != "norm"})
+    with _raises_naming(path, r"do not match its '__config__': missing \['norm'\]"):
+        load_checkpoint(path)
+    save_checkpoint(path, SMALL, {**params, "norm": np.zeros(3)})
+    with _raises_naming(path, r"'norm' has shape \(3,\)"):
+        load_checkpoint(path)
+    np.savez(path, **params, __config__=np.array('{"d_model": 64, "n_heads": 3}'))
+    with _raises_naming(path, "not a valid ModelConfig"):
+        load_checkpoint(path)
+    np.savez(path, **params, __config__=np.array('{"d_model": 64'))
+    with _raises_naming(path, "'__config__' is not valid JSON"):
+        load_checkpoint(path)
+
+
+def test_load_checkpoint_error_is_a_valueerror_and_meta_is_optional(tmp_path):
+    assert issubclass(CheckpointError, ValueError)
+    params = init_params(SMALL, seed=1)
+    path = tmp_path / "nometa.npz"
+    np.savez(path, **params, __config__=np.array(json.dumps(SMALL.__dict__)))
+    config, loaded, meta = load_checkpoint(path)
+    assert config == SMALL and meta == {} and set(loaded) == set(params)
+
+
+def test_load_model_medusa_heads_points_to_load_medusa():
+    with pytest.raises(CheckpointError, match="missing the '__config__' entry.*load_medusa"):
+        load_model("medusa_tiny")
+
+
+def test_load_training_log_corrupt_or_wrong_json(tmp_path):
+    good = (WEIGHTS_DIR / "draft_log.json").read_text()
+    path = tmp_path / "run_log.json"
+    path.write_text(good[: len(good) // 2])
+    with _raises_naming(path, "not a valid training log: not UTF-8 JSON, truncated or corrupt"):
+        load_training_log(path)
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with _raises_naming(path, "not a valid training log"):
+        load_training_log(path)
+    path.write_text("[1, 2]")
+    with _raises_naming(path, "holds a JSON list"):
+        load_training_log(path)
+    path.write_text('{"step": [1]}')
+    with _raises_naming(path, "is not a training log: missing"):
+        load_training_log(path)
+
+
+def test_load_training_log_reads_a_path_or_the_log_next_to_a_checkpoint(tmp_path):
+    log = {"step": [1], "train_loss": [2.0], "val_step": [1], "val_loss": [2.5], "seconds": [0.1]}
+    (tmp_path / "run_log.json").write_text(json.dumps(log))
+    assert load_training_log(tmp_path / "run_log.json") == log
+    assert load_training_log(str(tmp_path / "run.npz")) == log
 
 
 def _ragged_inputs(model, seqs, block_size=4, num_blocks=32, seed=0):
