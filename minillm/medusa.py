@@ -22,8 +22,11 @@ logits, so :class:`MedusaDrafter` recomputes the hidden states with its *own* fo
 its own KV cache (the tokens the target accepted since the last round). That doubles the target work on
 this CPU; it changes nothing about acceptance, which is what this module measures.
 
-    OPENBLAS_NUM_THREADS=1 python -m minillm.medusa --train --windows 2048 --steps 2000 --threads 2
+    OPENBLAS_NUM_THREADS=1 python -m minillm.medusa --train --windows 2048 --steps 2000 --threads 2 \
+        --out minillm/weights/medusa_tiny.npz --overwrite
                                               # the shipped heads (CPU, a few minutes), see train_medusa
+(without --out the heads go to ./runs/medusa_<target>-<YYYYmmdd-HHMMSS>.npz; writing inside the minillm
+package or over an existing file needs --overwrite)
 (one BLAS thread: NumPy computes the frozen target's hidden states, and busy-waiting BLAS threads slow that
 down badly on a shared machine; the command and thread settings are recorded in the heads' metadata.)
 """
@@ -41,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import WEIGHTS_DIR, Model, silu
+from .model import WEIGHTS_DIR, CheckpointError, Model, load_checkpoint, read_json_entry, read_npz, silu
 from .speculative import sample_probs, to_probs
 
 
@@ -91,14 +94,26 @@ class MedusaHeads:
 
 
 def load_medusa(name: str = "medusa_tiny") -> MedusaHeads:
-    """Load shipped heads (``"medusa_tiny"``, trained on the tiny model) or a path to an .npz file."""
+    """Load shipped heads (``"medusa_tiny"``, trained on the tiny model) or a path to an .npz file.
+
+    A file that is not a heads file raises :class:`minillm.model.CheckpointError` (a ``ValueError``) naming
+    it and the problem: not a valid .npz (empty, truncated, corrupt), object arrays, no array ``w``, a bad
+    ``__meta__``, or ``w`` of the wrong shape.
+    """
     path = Path(name) if str(name).endswith(".npz") else WEIGHTS_DIR / f"{name}.npz"
     if not path.exists():
         raise FileNotFoundError(f"no Medusa heads at {path}; train them with `python -m minillm.medusa --train`")
-    with np.load(path, allow_pickle=False) as f:
-        if "w" not in f.files:
-            raise ValueError(f"{path} holds no Medusa weights (no array 'w')")
-        return MedusaHeads(f["w"].astype(np.float32), json.loads(str(f["__meta__"])) if "__meta__" in f.files else {})
+    arrays = read_npz(path, "Medusa heads file")
+    if "w" not in arrays:
+        hint = "; it is a model checkpoint: load it with minillm.model.load_model" if "__config__" in arrays else ""
+        raise CheckpointError(f"{path} holds no Medusa weights (no array 'w'){hint}")
+    meta = read_json_entry(path, arrays, "__meta__") if "__meta__" in arrays else {}
+    if arrays["w"].dtype.kind not in "fiu":
+        raise CheckpointError(f"{path}: 'w' has dtype {arrays['w'].dtype}, not a real number type")
+    try:
+        return MedusaHeads(arrays["w"].astype(np.float32), meta)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 # --------------------------------------------------------------------------- the drafter
@@ -202,16 +217,26 @@ def train_medusa(target: str = "tiny", n_heads: int = 3, steps: int = 600, batch
     import torch.nn.functional as F
 
     from .model import load_model
-    from .train import load_corpus, lr_at
+    from .train import CorpusError, load_corpus, lr_at
 
-    if n_heads < 1 or steps < 1 or batch < 1 or n_windows < 1 or val_windows < 1 or seq_len < 1:
-        raise ValueError("n_heads, steps, batch, n_windows, val_windows and seq_len must all be >= 1")
+    if n_heads < 1 or steps < 1 or batch < 1 or n_windows < 1 or val_windows < 1 or seq_len < 1 or eval_every < 1:
+        raise ValueError("n_heads, steps, batch, n_windows, val_windows, seq_len and eval_every must all be >= 1")
+    if not (np.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if max_minutes is not None and not (np.isfinite(max_minutes) and max_minutes > 0):
+        raise ValueError(f"max_minutes must be None or a finite number > 0, got {max_minutes!r}")
     t_start = time.perf_counter()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = load_model(target)
+    if seq_len > model.config.max_seq_len:
+        raise ValueError(f"seq_len {seq_len} exceeds the target's max_seq_len {model.config.max_seq_len}")
     train_tok, val_tok, corpus = load_corpus(corpus_root, limit_bytes=corpus_limit)
     span = seq_len + n_heads + 1
+    for split, tok in (("train", train_tok), ("validation", val_tok)):
+        if tok.size <= span:
+            raise CorpusError(f"the {split} split has {tok.size} tokens, not more than seq_len + n_heads + 1 = "
+                              f"{span}: use a shorter seq_len or a larger corpus")
 
     def windows(tokens, n, gen):
         starts = gen.integers(0, tokens.size - span, size=n)
@@ -263,8 +288,9 @@ def train_medusa(target: str = "tiny", n_heads: int = 3, steps: int = 600, batch
     step = 0
     while True:
         frac = max(step / steps, (time.perf_counter() - t0) / (60 * max_minutes) if max_minutes else 0.0)
-        if frac >= 1.0:
+        if frac >= 1.0 and step > 0:    # at least one step, whatever the budget
             break
+        frac = min(frac, 1.0)
         for g in opt.param_groups:
             g["lr"] = lr_at(frac, lr, warmup=0.05)
         idx = torch.from_numpy(rng.integers(0, h_train.shape[0], size=batch))
@@ -307,33 +333,62 @@ def train_medusa(target: str = "tiny", n_heads: int = 3, steps: int = 600, batch
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="Train Medusa-style heads on a frozen shipped model (CPU).")
+    from .train import (CorpusError, DefaultsHelpFormatter, check_out, corpus_folder, default_out, log_path_for,
+                        nonnegative_int, positive_float, positive_int)
+
+    ap = argparse.ArgumentParser(prog="python -m minillm.medusa", formatter_class=DefaultsHelpFormatter,
+                                 description="Train Medusa-style heads on a frozen shipped model (CPU).")
     ap.add_argument("--train", action="store_true", help="train and write the heads (the only action)")
-    ap.add_argument("--target", default="tiny")
-    ap.add_argument("--heads", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=2048, help="positions per step")
-    ap.add_argument("--windows", type=int, default=768, help="training windows of the corpus")
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget for the head training")
-    ap.add_argument("--corpus-root", type=Path, default=None, help="folder of .py files (default: this Python's stdlib)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--out", type=Path, default=None, help="default minillm/weights/medusa_<target>.npz")
+    ap.add_argument("--target", default="tiny", help="the frozen model: a shipped name or a path to an .npz checkpoint")
+    ap.add_argument("--heads", type=positive_int, default=3, help="number of heads K")
+    ap.add_argument("--steps", type=positive_int, default=600, help="optimizer steps (at most)")
+    ap.add_argument("--batch", type=positive_int, default=2048, help="positions per step")
+    ap.add_argument("--windows", type=positive_int, default=768, help="training windows of the corpus")
+    ap.add_argument("--seq-len", type=positive_int, default=128, help="positions per window")
+    ap.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="seed for the windows and the batches")
+    ap.add_argument("--max-minutes", type=positive_float, default=None,
+                    help="wall-clock budget for the head training (default: none, --steps alone)")
+    ap.add_argument("--corpus-root", type=corpus_folder, default=None,
+                    help="folder of .py files (default: this Python's stdlib)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="heads path, ending in .npz; the log goes next to it as <stem>_log.json "
+                         "(default: ./runs/medusa_<target>-<YYYYmmdd-HHMMSS>.npz)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="allow --out to replace an existing file or to point inside the minillm package "
+                         "(the shipped heads)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress messages")
     args = ap.parse_args(argv)
     if not args.train:
         ap.error("nothing to do: pass --train")
+    target_path = Path(args.target) if args.target.endswith(".npz") else WEIGHTS_DIR / f"{args.target}.npz"
+    if not target_path.is_file():
+        shipped = sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz") if not p.stem.startswith("medusa"))
+        ap.error(f"argument --target: no checkpoint {target_path}; shipped models: {shipped}")
+    try:
+        target_config = load_checkpoint(target_path)[0]
+    except CheckpointError as e:
+        ap.error(f"argument --target: {e}")
+    if args.seq_len > target_config.max_seq_len:
+        ap.error(f"argument --seq-len: {args.seq_len} exceeds the target's max_seq_len {target_config.max_seq_len}")
+    out = args.out or default_out(f"medusa_{target_path.stem}")
+    problem = check_out(out, args.overwrite)
+    if problem:
+        ap.error(problem)
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    heads, log = train_medusa(args.target, n_heads=args.heads, steps=args.steps, batch=args.batch,
-                              n_windows=args.windows, seq_len=args.seq_len, lr=args.lr, seed=args.seed,
-                              corpus_root=args.corpus_root, max_minutes=args.max_minutes)
-    out = args.out or WEIGHTS_DIR / f"medusa_{args.target}.npz"
+    try:
+        heads, log = train_medusa(args.target, n_heads=args.heads, steps=args.steps, batch=args.batch,
+                                  n_windows=args.windows, seq_len=args.seq_len, lr=args.lr, seed=args.seed,
+                                  corpus_root=args.corpus_root, max_minutes=args.max_minutes,
+                                  progress=not args.no_progress)
+    except CorpusError as e:
+        ap.error(str(e))
     heads.save(out)
-    log_path = out.with_name(out.stem + "_log.json")
+    log_path = log_path_for(out)
     log_path.write_text(json.dumps(log))
     print(json.dumps(log["meta"], indent=1))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) and {log_path}")

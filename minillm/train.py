@@ -4,6 +4,11 @@
     python -m minillm.train --preset draft           # the small draft model (speculative decoding)
     python -m minillm.train --device cpu --max-minutes 2 --out /tmp/t.npz
 
+The checkpoint goes to ``./runs/<preset>-<YYYYmmdd-HHMMSS>.npz`` (relative to the current directory) unless
+``--out`` says otherwise, with its training log next to it (``<stem>_log.json``). Writing inside the
+installed minillm package (where the shipped checkpoints live) or over an existing file needs
+``--overwrite``; every argument is checked before any training starts.
+
 The corpus is every ``.py`` file under the running interpreter's standard
 library: it exists offline on every machine that has Python. Files are split
 into train/validation by a hash of their relative path, so the split is stable
@@ -19,6 +24,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import platform
 import shlex
 import sys
@@ -29,13 +35,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import WEIGHTS_DIR, ModelConfig, init_params, save_checkpoint
+from .model import ModelConfig, init_params, save_checkpoint
 from .tokenizer import BOS
+
+PACKAGE_DIR = Path(__file__).resolve().parent   # the installed minillm package: the CLIs never write here unasked
 
 PRESETS = {
     "tiny": ModelConfig(),
     "draft": ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=320),
 }
+
+
+class CorpusError(ValueError):
+    """The corpus cannot feed training: no .py files, or too few tokens for one window."""
 
 
 def stdlib_files(root: Path | None = None) -> list[Path]:
@@ -47,6 +59,8 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
 def load_corpus(root: Path | None = None, val_fraction: float = 0.02, limit_bytes: int | None = None):
     """Token arrays (uint16) for train and validation, plus a description of the corpus."""
     root = Path(root or sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise CorpusError(f"corpus root {root} is not a folder")
     parts = {"train": [], "val": []}
     n_files = n_bytes = 0
     for path in stdlib_files(root):
@@ -59,6 +73,9 @@ def load_corpus(root: Path | None = None, val_fraction: float = 0.02, limit_byte
         n_bytes += len(data)
         if limit_bytes and n_bytes >= limit_bytes:
             break
+    if n_files < 2:
+        raise CorpusError(f"the corpus needs at least 2 .py files (one held out for validation), found {n_files} "
+                          f"under {root}" + (f" within the first {limit_bytes} bytes" if limit_bytes else ""))
     if not parts["val"]:  # tiny corpora (tests): hold out the last file
         parts["val"].append(parts["train"].pop())
     arrays = {k: np.concatenate(v) for k, v in parts.items()}
@@ -87,11 +104,23 @@ def train(config: ModelConfig, *, steps: int, batch: int, seq_len: int, lr: floa
     except ImportError:  # the progress bar is a convenience, not a requirement
         tqdm = None
 
+    for name, value in (("steps", steps), ("batch", batch), ("seq_len", seq_len), ("eval_every", eval_every)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not seq_len <= config.max_seq_len:
+        raise ValueError(f"seq_len {seq_len} exceeds the model's max_seq_len {config.max_seq_len}")
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
+        raise ValueError(f"max_minutes must be None or a finite number > 0, got {max_minutes!r}")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     dev = torch.device(device)
     train_tok, val_tok, corpus = load_corpus(corpus_root, limit_bytes=corpus_limit)
-    seq_len = min(seq_len, config.max_seq_len)
+    for split, tok in (("train", train_tok), ("validation", val_tok)):
+        if tok.size < seq_len + 2:
+            raise CorpusError(f"the {split} split has {tok.size} tokens, fewer than seq_len + 2 = {seq_len + 2}: "
+                              f"use a shorter seq_len or a larger corpus")
     model = TorchModel.from_numpy(config, init_params(config, seed)).to(dev)
     decay = [p for n, p in model.named_parameters() if p.ndim == 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -136,8 +165,9 @@ def train(config: ModelConfig, *, steps: int, batch: int, seq_len: int, lr: floa
     while True:
         elapsed = time.perf_counter() - t0
         frac = max(step / steps, elapsed / (60 * max_minutes) if max_minutes else 0.0)
-        if frac >= 1.0:
+        if frac >= 1.0 and step > 0:    # at least one step: never a checkpoint of the untrained init
             break
+        frac = min(frac, 1.0)
         for g in opt.param_groups:
             g["lr"] = lr_at(frac, lr)
         x, y = get_batch(train_tok, batch, rng)
@@ -165,7 +195,7 @@ def train(config: ModelConfig, *, steps: int, batch: int, seq_len: int, lr: floa
             print(f"step {step} loss {ema:.3f}", flush=True)
     if bar:
         bar.close()
-    final_val = record_val()
+    final_val = log["val_loss"][-1] if log["val_step"] and log["val_step"][-1] == step else record_val()
     seconds = time.perf_counter() - t0
     meta = {
         "command": "python -m minillm.train " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
@@ -197,36 +227,152 @@ def plot_loss(log: dict, path, title: str = "") -> None:
     plt.close(fig)
 
 
+# --------------------------------------------------------------------------- the command line (shared with medusa)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` shows every default: "(default: X)" appended, unless the help text already says its default."""
+
+    def _get_help_string(self, action):
+        return action.help if "(default:" in (action.help or "") else super()._get_help_string(action)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (learning rates, minutes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def corpus_folder(text: str) -> Path:
+    """argparse type: an existing folder (the corpus of .py files)."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"must be an existing folder of .py files, got {text!r}")
+    return path
+
+
+def default_out(stem: str) -> Path:
+    """``runs/<stem>-<YYYYmmdd-HHMMSS>.npz``, relative to the current directory: never inside the package."""
+    return Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.npz"
+
+
+def log_path_for(out: Path) -> Path:
+    """Where the training log of checkpoint ``out`` goes: ``<stem>_log.json`` next to it."""
+    return out.with_name(out.stem + "_log.json")
+
+
+def check_out(out: Path, overwrite: bool) -> str | None:
+    """Why the CLIs must not write checkpoint ``out`` (and its log), or None if they may.
+
+    Refused: a name not ending in .npz (``np.savez`` would append it), a folder; without ``overwrite``, any
+    path inside the installed minillm package (the shipped checkpoints live there, and a wheel install would
+    be overwritten) and any existing file. Creates the parent folder, so an unwritable place fails here,
+    before training, not after it.
+    """
+    if out.suffix != ".npz":
+        return f"--out must end in .npz, got {str(out)!r}"
+    targets = [out, log_path_for(out)]
+    for t in targets:
+        if t.is_dir():
+            return f"--out: {t} is a folder"
+    if not overwrite:
+        if out.resolve().is_relative_to(PACKAGE_DIR):
+            return (f"--out {out} is inside the installed minillm package ({PACKAGE_DIR}), where the shipped "
+                    f"checkpoints live; pass --overwrite to write there anyway")
+        for t in targets:
+            if t.exists():
+                return f"--out: {t} already exists; pass --overwrite to replace it, or choose another --out"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"--out: cannot create the folder {out.parent} ({e})"
+    if not os.access(out.parent, os.W_OK):
+        return f"--out: the folder {out.parent} is not writable"
+    return None
+
+
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--steps", type=int, default=20_000)
-    ap.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; the schedule adapts")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--device", default="auto", help="cuda, cpu, or auto")
-    ap.add_argument("--eval-every", type=int, default=500)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--corpus-root", type=Path, default=None, help="folder of .py files (default: this Python's stdlib)")
-    ap.add_argument("--corpus-limit", type=int, default=None, help="stop reading the corpus after this many bytes")
-    ap.add_argument("--out", type=Path, default=None, help="checkpoint path (default minillm/weights/<preset>.npz)")
-    ap.add_argument("--no-progress", action="store_true")
+    ap = argparse.ArgumentParser(prog="python -m minillm.train", description=__doc__.split("\n\n")[0],
+                                 formatter_class=DefaultsHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="which model to train")
+    ap.add_argument("--steps", type=positive_int, default=20_000, help="optimizer steps (at most)")
+    ap.add_argument("--max-minutes", type=positive_float, default=None,
+                    help="wall-clock budget in minutes; the schedule adapts (default: none, --steps alone)")
+    ap.add_argument("--batch", type=positive_int, default=64, help="sequences per step")
+    ap.add_argument("--seq-len", type=positive_int, default=512, help="tokens per sequence (<= the preset's max_seq_len)")
+    ap.add_argument("--lr", type=positive_float, default=3e-3, help="peak learning rate")
+    ap.add_argument("--device", default="auto", help="cuda, cuda:N, cpu, or auto (cuda if available)")
+    ap.add_argument("--eval-every", type=positive_int, default=500, help="steps between validation evaluations")
+    ap.add_argument("--seed", type=nonnegative_int, default=0, help="seed for the init and the batches")
+    ap.add_argument("--corpus-root", type=corpus_folder, default=None,
+                    help="folder of .py files (default: this Python's stdlib)")
+    ap.add_argument("--corpus-limit", type=positive_int, default=None,
+                    help="stop reading the corpus after this many bytes (default: none, read it all)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="checkpoint path, ending in .npz; the log goes next to it as <stem>_log.json "
+                         "(default: ./runs/<preset>-<YYYYmmdd-HHMMSS>.npz)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="allow --out to replace an existing file or to point inside the minillm package "
+                         "(the shipped checkpoints)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
 
-    if args.device == "auto":
-        import torch
-
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     config = PRESETS[args.preset]
-    out = args.out or WEIGHTS_DIR / f"{args.preset}.npz"
+    if args.seq_len > config.max_seq_len:
+        ap.error(f"argument --seq-len: {args.seq_len} exceeds the {args.preset} preset's max_seq_len "
+                 f"{config.max_seq_len}")
+    out = args.out or default_out(args.preset)
+    problem = check_out(out, args.overwrite)
+    if problem:
+        ap.error(problem)
+    import torch
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        ap.error(f"argument --device: unknown device {args.device!r} (cuda, cuda:N, cpu or auto)")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"argument --device: {args.device!r}, but torch sees no CUDA GPU")
     print(f"training {args.preset}: {config.n_params():,} parameters on {args.device}; config {asdict(config)}")
-    params, meta, log = train(config, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
-                              device=args.device, max_minutes=args.max_minutes, eval_every=args.eval_every,
-                              seed=args.seed, corpus_limit=args.corpus_limit, corpus_root=args.corpus_root, progress=not args.no_progress)
+    try:
+        params, meta, log = train(config, steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr,
+                                  device=args.device, max_minutes=args.max_minutes, eval_every=args.eval_every,
+                                  seed=args.seed, corpus_limit=args.corpus_limit, corpus_root=args.corpus_root,
+                                  progress=not args.no_progress)
+    except CorpusError as e:
+        ap.error(str(e))
     meta["preset"] = args.preset
     save_checkpoint(out, config, params, meta)
-    log_path = out.with_name(out.stem + "_log.json")
+    log_path = log_path_for(out)
     log_path.write_text(json.dumps(log))
     print(json.dumps(meta, indent=1))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) and {log_path}")

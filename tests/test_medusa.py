@@ -1,12 +1,20 @@
 """Medusa-style heads (chapter 9): the formula, the shipped weights, and the drafter inside speculative_decode."""
+import hashlib
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import minillm
 from minillm import ByteTokenizer, cached_decode, speculative_decode
 from minillm.medusa import MedusaDrafter, MedusaHeads, head_targets, load_medusa, train_medusa
-from minillm.model import WEIGHTS_DIR, load_training_log, silu
+from minillm.model import WEIGHTS_DIR, CheckpointError, load_training_log, silu
 from minillm.speculative import SpecParams, to_probs
 from minillm.studies.speculation import held_out_source
 
@@ -191,3 +199,147 @@ def test_train_medusa_small_run_on_a_tiny_corpus(tmp_path):
     assert log["meta"]["steps"] == 5 and log["meta"]["corpus"]["files"] == 3
     with pytest.raises(ValueError, match=">= 1"):
         train_medusa(n_heads=0, corpus_root=tmp_path, progress=False)
+
+
+# --------------------------------------------------------------------------- unreadable heads files
+
+
+def test_load_medusa_truncated_random_and_empty_files(tmp_path, rng):
+    data = (WEIGHTS_DIR / "medusa_tiny.npz").read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(cut))} is not a valid .npz Medusa heads file: "
+                                              "it is truncated or corrupt"):
+        load_medusa(cut)
+    noise = tmp_path / "noise.npz"
+    noise.write_bytes(rng.integers(0, 256, 2048, dtype=np.uint8).tobytes())
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(noise))} is not a valid .npz.*zip signature"):
+        load_medusa(noise)
+    noise.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="the file is empty"):
+        load_medusa(noise)
+
+
+def test_load_medusa_missing_w_object_array_and_bad_shape(tmp_path):
+    path = tmp_path / "h.npz"
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(WEIGHTS_DIR / 'draft.npz'))} holds no Medusa "
+                                              "weights.*load_model"):
+        load_medusa(WEIGHTS_DIR / "draft.npz")
+    np.savez(path, w=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(path))}: entry 'w' contains object arrays"):
+        load_medusa(path)
+    np.savez(path, w=np.zeros((4, 4), np.float16))
+    with pytest.raises(CheckpointError, match=f"^{re.escape(str(path))}: Medusa weights must be \\(K, d, d\\)"):
+        load_medusa(path)
+    np.savez(path, w=np.zeros((1, 4, 4), np.float16), __meta__=np.array("{not json"))
+    with pytest.raises(CheckpointError, match="'__meta__' is not valid JSON"):
+        load_medusa(path)
+    assert issubclass(CheckpointError, ValueError)
+
+
+# --------------------------------------------------------------------------- the command line
+
+
+def _write_corpus(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(3):
+        (root / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x + {j}\n" for j in range(40)))
+    return root
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.fixture
+def installed(tmp_path):
+    """A copy of the minillm package for a CLI subprocess to import (see tests/test_train.py)."""
+    site = tmp_path / "site"
+    shutil.copytree(Path(minillm.__file__).parent, site / "minillm", ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def _run_medusa(args, cwd: Path, site: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(site), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "minillm.medusa", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+TINY_RUN = ["--train", "--heads", "2", "--steps", "2", "--batch", "8", "--windows", "2", "--seq-len", "8",
+            "--threads", "1", "--no-progress"]
+
+
+def test_main_default_out_goes_to_runs_and_leaves_the_shipped_heads(tmp_path, installed):
+    pytest.importorskip("torch")
+    weights = installed / "minillm" / "weights"
+    before, real_before = _digests(weights), _digests(WEIGHTS_DIR)
+    work = tmp_path / "work"
+    _write_corpus(work / "corpus")
+    proc = _run_medusa([*TINY_RUN, "--corpus-root", "corpus"], work, installed)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote runs/medusa_tiny-" in proc.stdout
+    assert _digests(weights) == before and _digests(WEIGHTS_DIR) == real_before
+    out = sorted((work / "runs").glob("medusa_tiny-*.npz"))
+    assert len(out) == 1 and re.fullmatch(r"medusa_tiny-\d{8}-\d{6}\.npz", out[0].name)
+    assert load_medusa(out[0]).n_heads == 2 and load_training_log(out[0])["val_step"][-1] == 2
+
+
+def test_main_refuses_out_inside_the_package_without_overwrite(tmp_path, installed):
+    weights = installed / "minillm" / "weights"
+    before = _digests(weights)
+    work = tmp_path / "work"
+    _write_corpus(work / "corpus")
+    for out in (weights / "medusa_tiny.npz", weights / "fresh.npz"):
+        proc = _run_medusa([*TINY_RUN, "--corpus-root", "corpus", "--out", out], work, installed)
+        assert proc.returncode == 2
+        assert "inside the installed minillm package" in proc.stderr and "--overwrite" in proc.stderr
+    assert _digests(weights) == before
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--heads", "0", "argument --heads: must be an integer >= 1, got '0'"),
+    ("--steps", "0", "argument --steps: must be an integer >= 1, got '0'"),
+    ("--batch", "0", "argument --batch: must be an integer >= 1, got '0'"),
+    ("--windows", "0", "argument --windows: must be an integer >= 1, got '0'"),
+    ("--seq-len", "0", "argument --seq-len: must be an integer >= 1, got '0'"),
+    ("--seq-len", "513", "argument --seq-len: 513 exceeds the target's max_seq_len 512"),
+    ("--max-minutes", "-1", "argument --max-minutes: must be a finite number > 0, got '-1'"),
+    ("--lr", "0", "argument --lr: must be a finite number > 0, got '0'"),
+    ("--threads", "0", "argument --threads: must be an integer >= 1"),
+    ("--target", "no_such_model", "argument --target: no checkpoint"),
+    ("--target", "medusa_tiny", "argument --target: .* is missing the '__config__' entry"),
+])
+def test_main_rejects_bad_arguments_with_clear_messages(tmp_path, capsys, flag, value, message):
+    from minillm.medusa import main
+
+    out = tmp_path / "h.npz"
+    with pytest.raises(SystemExit) as exc:
+        main([*TINY_RUN, "--corpus-root", str(_write_corpus(tmp_path / "corpus")), "--out", str(out), flag, value])
+    assert exc.value.code == 2 and re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_main_refuses_to_replace_an_existing_file_without_overwrite(tmp_path, capsys):
+    from minillm.medusa import main
+
+    out = tmp_path / "h.npz"
+    out.write_bytes(b"keep me")
+    with pytest.raises(SystemExit) as exc:
+        main([*TINY_RUN, "--corpus-root", str(_write_corpus(tmp_path / "corpus")), "--out", str(out)])
+    assert exc.value.code == 2 and f"{out} already exists; pass --overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == b"keep me"
+
+
+def test_main_help_shows_every_default(capsys):
+    from minillm.medusa import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    blocks = re.split(r"\n  (?=-)", text.split("options:", 1)[1])[1:]
+    options = {b.split()[0]: " ".join(b.split()) for b in blocks}
+    assert len(options) == 16 and "--out" in options and "--overwrite" in options
+    assert not [name for name, block in options.items() if name != "-h," and "(default:" not in block]
+    assert "(default: 600)" in options["--steps"] and "(default: tiny)" in options["--target"]
+    assert "./runs/medusa_<target>-<YYYYmmdd-HHMMSS>.npz" in options["--out"]
