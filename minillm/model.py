@@ -422,8 +422,15 @@ def load_checkpoint(path) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
     path = Path(path)
     arrays = read_npz(path, "checkpoint")
     if "__config__" not in arrays:
-        hint = ("; it holds Medusa heads (an entry 'w'): load those with minillm.medusa.load_medusa"
-                if "w" in arrays else "")
+        hint = ""
+        if "w" in arrays:
+            try:
+                target = read_json_entry(path, arrays, "__meta__").get("target") if "__meta__" in arrays else None
+            except CheckpointError:
+                target = None
+            hint = (f"; it holds Medusa heads{f' for the {target!r} model' if target else ''} (an entry 'w'), "
+                    f"not a model: load those with minillm.medusa.load_medusa"
+                    f"{f', and the model with load_model({target!r})' if target else ''}")
         raise CheckpointError(f"{path} is missing the '__config__' entry (the ModelConfig as JSON), so it is "
                               f"not a minillm model checkpoint{hint}")
     fields = read_json_entry(path, arrays, "__config__")
@@ -447,12 +454,25 @@ def load_checkpoint(path) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
     return config, {k: v.astype(np.float32) for k, v in params.items()}, meta
 
 
+def shipped_models() -> list[str]:
+    """Names of the shipped model checkpoints, for :func:`load_model` (not the Medusa heads files beside them,
+    which hold no model: :func:`minillm.medusa.load_medusa` reads those)."""
+    names = []
+    for p in sorted(WEIGHTS_DIR.glob("*.npz")):
+        try:
+            with np.load(p, allow_pickle=False) as f:
+                if "__config__" in f.files:
+                    names.append(p.stem)
+        except Exception:                       # a broken file is no model to offer
+            continue
+    return names
+
+
 def load_model(name: str = "tiny", attn_fn=standard_attention) -> Model:
     """Load a shipped checkpoint ("tiny" or "draft") or a path to an .npz file. No network."""
     path = Path(name) if str(name).endswith(".npz") else WEIGHTS_DIR / f"{name}.npz"
     if not path.exists():
-        shipped = sorted(p.stem for p in WEIGHTS_DIR.glob("*.npz"))
-        raise FileNotFoundError(f"no checkpoint {path}; shipped checkpoints: {shipped}")
+        raise FileNotFoundError(f"no checkpoint {path}; shipped models: {shipped_models()}")
     config, params, meta = load_checkpoint(path)
     return Model(config, params, attn_fn=attn_fn, meta=meta)
 

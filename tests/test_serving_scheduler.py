@@ -76,8 +76,9 @@ def test_scheduler_properties_on_random_traces(case):
 
     seen: set[int] = set()
     ids = serve(eng, reqs, check)
-    for i, (prompt, out, _) in enumerate(reqs):
-        o = eng.output(ids[i])
+    outs = [eng.output(i) for i in ids]                 # handed over: the engine forgets them
+    assert not eng.requests
+    for o, (prompt, out, _) in zip(outs, reqs):
         assert o.finished and len(o.token_ids) == out and o.finish_reason == "length"   # finished once, fully
         assert o.num_cached_tokens % bs == 0 and o.num_cached_tokens < len(prompt)
         finished.append(o.finish_time)
@@ -86,7 +87,7 @@ def test_scheduler_properties_on_random_traces(case):
     assert eng.block_manager.num_free == num_blocks     # nothing leaked once all finished
     if not prefix:
         assert eng.block_manager.prefix_hit_tokens == 0
-    assert sum(eng.output(i).num_cached_tokens for i in ids) <= eng.block_manager.prefix_hit_tokens
+    assert sum(o.num_cached_tokens for o in outs) <= eng.block_manager.prefix_hit_tokens
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -12,11 +12,11 @@
 from .batch import StepBatch
 from .block_manager import BlockManager
 from .contiguous import ContiguousManager, FirstFitAllocator
-from .engine import LLM, LLMEngine, RequestOutput
+from .engine import LLM, LLMEngine, RequestFailed, RequestOutput, TokenStream
 from .runner import NumpyRunner, SimulatedRunner, StepCost
 from .scheduler import RequestRejected, Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence, SequenceStatus
 
 __all__ = ["BlockManager", "ContiguousManager", "FirstFitAllocator", "LLM", "LLMEngine", "NumpyRunner",
-           "RequestOutput", "RequestRejected", "SamplingParams", "Scheduler", "SchedulerConfig", "Sequence",
-           "SequenceStatus", "SimulatedRunner", "StepBatch", "StepCost"]
+           "RequestFailed", "RequestOutput", "RequestRejected", "SamplingParams", "Scheduler", "SchedulerConfig",
+           "Sequence", "SequenceStatus", "SimulatedRunner", "StepBatch", "StepCost", "TokenStream"]

@@ -9,16 +9,27 @@ keeps the tokens: the sequence prefills prompt + output again and carries on whe
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from enum import Enum
+
+import numpy as np
 
 from ..sampling import SEED_LIMIT
 
 
 def _int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < minimum:
+    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__") or int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def _real(value) -> float | None:
+    """``value`` as a Python float if it is a real number (int, float, NumPy integer or float), else None.
+    Booleans are not numbers here."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
 
 
 def _token_ids(name: str, value) -> tuple[int, ...]:
@@ -61,21 +72,26 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        # numbers of any real type (Python's or NumPy's) are accepted and stored as Python float / int
+        t = _real(self.temperature)
+        if t is None or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        p = _real(self.top_p)
+        if p is None or not 0 < p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        set_ = lambda name, v: object.__setattr__(self, name, v)  # noqa: E731 (a frozen dataclass)
+        set_("temperature", t)
+        set_("top_p", p)
         if self.top_k is not None:
-            _int("top_k", self.top_k, 1)
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {p!r}")
-        _int("max_tokens", self.max_tokens, 1)
+            set_("top_k", _int("top_k", self.top_k, 1))
+        set_("max_tokens", _int("max_tokens", self.max_tokens, 1))
         if self.seed is not None:
-            _int("seed", self.seed, 0)
-            if int(self.seed) >= SEED_LIMIT:
+            seed = _int("seed", self.seed, 0)
+            if seed >= SEED_LIMIT:
                 raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}: the sampler hashes "
                                  f"32 bits of it, so seed and seed + 2**32 would give the same tokens")
-        object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
+            set_("seed", seed)
+        set_("stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
 
     @property
     def greedy(self) -> bool:
