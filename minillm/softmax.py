@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .numerics import exp, log  # exp/log rounded once to the input's precision: the same on every CPU
+
 
 def _as_float(x) -> np.ndarray:
     x = np.asarray(x)
@@ -31,7 +33,7 @@ def _as_float(x) -> np.ndarray:
 def softmax(x) -> np.ndarray:
     """The textbook formula. exp overflows to inf beyond ~88 in float32 (and ~11 in float16)."""
     x = _as_float(x)
-    e = np.exp(x)
+    e = exp(x)
     return e / e.sum(axis=-1, keepdims=True)
 
 
@@ -40,7 +42,7 @@ def safe_softmax(x) -> np.ndarray:
     x = _as_float(x)
     m = x.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)  # an all -inf row stays all zeros instead of NaN
-    e = np.exp(x - m)
+    e = exp(x - m)
     s = e.sum(axis=-1, keepdims=True)
     return e / np.where(s > 0, s, 1.0)
 
@@ -59,7 +61,7 @@ def online_max_and_normalizer(x, tile: int) -> tuple[np.ndarray, np.ndarray]:
         m_new = np.maximum(m, block.max(axis=-1))
         safe = np.where(np.isfinite(m_new), m_new, 0.0)
         # exp(m_old - m_new) rescales everything summed so far to the new reference point
-        l = l * np.exp(np.where(np.isfinite(m), m - safe, -np.inf)) + np.exp(block - safe[..., None]).sum(axis=-1)
+        l = l * exp(np.where(np.isfinite(m), m - safe, -np.inf)) + exp(block - safe[..., None]).sum(axis=-1)
         m = m_new
     return m, l
     # END SOLUTION
@@ -70,7 +72,7 @@ def online_softmax(x, tile: int = 4) -> np.ndarray:
     x = _as_float(x)
     m, l = online_max_and_normalizer(x, tile)
     safe = np.where(np.isfinite(m), m, 0.0)[..., None]
-    p = np.exp(x.astype(l.dtype) - safe) / np.where(l > 0, l, 1.0)[..., None]
+    p = exp(x.astype(l.dtype) - safe) / np.where(l > 0, l, 1.0)[..., None]
     return p.astype(x.dtype, copy=False)
 
 
@@ -78,7 +80,7 @@ def logsumexp_online(x, tile: int = 4) -> np.ndarray:
     """log(sum(exp(x))) in one pass: m + log(l). The same trick, applied to a reduction."""
     m, l = online_max_and_normalizer(x, tile)
     with np.errstate(divide="ignore"):
-        return np.where(l > 0, m + np.log(l), -np.inf)
+        return np.where(l > 0, m + log(l), -np.inf)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class Partial:
 
     def lse(self) -> np.ndarray:
         with np.errstate(divide="ignore"):
-            return np.where(self.l > 0, self.m + np.log(np.where(self.l > 0, self.l, 1.0)), -np.inf)
+            return np.where(self.l > 0, self.m + log(np.where(self.l > 0, self.l, 1.0)), -np.inf)
 
 
 def partial_attention(scores, v) -> Partial:
@@ -107,7 +109,7 @@ def partial_attention(scores, v) -> Partial:
     s = s.astype(np.float64 if s.dtype == np.float64 else np.float32, copy=False)  # fp64 stays fp64, else fp32
     m = s.max(axis=-1)
     safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - safe[..., None])
+    p = exp(s - safe[..., None])
     return Partial(m, p.sum(axis=-1), (p[..., None, :] @ np.asarray(v, s.dtype))[..., 0, :])
 
 
@@ -116,7 +118,7 @@ def merge(a: Partial, b: Partial) -> Partial:
     # BEGIN SOLUTION
     m = np.maximum(a.m, b.m)
     safe = np.where(np.isfinite(m), m, 0.0)
-    wa = np.where(np.isfinite(a.m), np.exp(a.m - safe), 0.0)
-    wb = np.where(np.isfinite(b.m), np.exp(b.m - safe), 0.0)
+    wa = np.where(np.isfinite(a.m), exp(a.m - safe), 0.0)
+    wb = np.where(np.isfinite(b.m), exp(b.m - safe), 0.0)
     return Partial(m, a.l * wa + b.l * wb, a.o * wa[..., None] + b.o * wb[..., None])
     # END SOLUTION
