@@ -23,9 +23,71 @@ def glue(name: str, value, display: bool = False) -> None:
     _glue(name, value, display=display)
 
 
-def verdict(claim: str, computed, holds: bool) -> None:
-    """Print one line comparing a claim from the source page with what the code computed."""
-    print(f"{'holds' if holds else 'DOES NOT HOLD'}: claim {claim!r}; computed {computed}")
+# What a verdict's number comes from. Every verdict names one, then says on which model and workload.
+SCOPES = {
+    "arithmetic": "computed by formula from published configurations or specifications; nothing is run",
+    "live": "measured by the notebook itself, on the machine that executes it",
+    "recorded": "measured on a named GPU by the benchmark harness and read from its recorded results",
+    "simulated": "computed by one of the book's models (step cost, memory traffic, a scheduler trace)",
+    "cited": "checked against the text of the paper, specification or release the page relies on",
+}
+
+# The tolerance policy for a number the page states (the intro writes it out): a number stated plainly
+# agrees with ours within 1%; one stated as "about", "around", "roughly" or "~" within 10%; a range holds
+# when ours lies inside it, widened by the same tolerance.
+EXACT_TOLERANCE = 0.01
+ABOUT_TOLERANCE = 0.10
+
+
+def agrees(stated: float, computed: float, *, about: bool = False) -> bool:
+    """Whether ``computed`` matches the page's ``stated`` number under the book's tolerance policy."""
+    tol = ABOUT_TOLERANCE if about else EXACT_TOLERANCE
+    return abs(float(computed) - float(stated)) <= tol * abs(float(stated))
+
+
+def in_range(low: float, high: float, computed: float, *, about: bool = False) -> bool:
+    """Whether ``computed`` lies in the page's range [low, high], widened by the tolerance policy."""
+    if low > high:
+        raise ValueError(f"in_range needs low <= high, got {low} > {high}")
+    tol = ABOUT_TOLERANCE if about else EXACT_TOLERANCE
+    return float(low) * (1 - tol) <= float(computed) <= float(high) * (1 + tol)
+
+
+def verdict_line(claim: str, computed, holds: bool, *, scope: str, only_when: str | None = None) -> str:
+    """The line :func:`verdict` prints; ``tools/claims_ledger.py`` reads it back from the executed chapters.
+
+    ``holds`` is the verdict on the claim as the page states it. ``only_when`` is the third state, for a claim
+    the data supports only under a condition: then ``holds`` must be False (the claim as stated, without the
+    condition, does not hold) and the line reads ``holds only when <condition>``. ``scope`` is
+    ``"<kind>: <what was measured or computed, on which model and workload>"`` with a kind from ``SCOPES``.
+    """
+    if not isinstance(claim, str) or not claim.strip():
+        raise ValueError("verdict needs the claim as a non-empty string")
+    if not isinstance(holds, (bool, np.bool_)):
+        raise TypeError(f"verdict's holds must be a bool, got {type(holds).__name__}")
+    kind, _, detail = str(scope).partition(": ")
+    if kind not in SCOPES or not detail.strip():
+        raise ValueError(f"verdict's scope must read '<kind>: <what, on which model and workload>' with a kind "
+                         f"from {sorted(SCOPES)}, got {scope!r}")
+    computed = str(computed)
+    for text, name in ((computed, "computed"), (detail, "scope")):
+        if "\n" in text or "; scope " in text:
+            raise ValueError(f"verdict's {name} text must be one line without '; scope ', got {text!r}")
+    if only_when is not None:
+        if holds:
+            raise ValueError("only_when is the verdict for a claim that does not hold as stated: pass holds=False")
+        if not str(only_when).strip() or ": claim " in str(only_when) or "\n" in str(only_when):
+            raise ValueError(f"only_when must be a one-line condition, got {only_when!r}")
+        state = f"holds only when {only_when}"
+    else:
+        state = "holds" if holds else "DOES NOT HOLD"
+    return f"{state}: claim {claim!r}; computed {computed}; scope {kind}: {detail}"
+
+
+def verdict(claim: str, computed, holds: bool, *, scope: str, only_when: str | None = None) -> None:
+    """Print one line comparing a claim from the source page with what the code computed, and where that
+    number comes from (``scope``). See :func:`verdict_line`."""
+    print(verdict_line(claim, computed, holds, scope=scope, only_when=only_when))
 
 
 def median_seconds(fn, repeats: int = 3) -> float:
@@ -65,7 +127,7 @@ def source_claims(path: Path | None = None) -> list[dict]:
 
     Each entry has an ``id``, the page's ``section``, a short verbatim ``quote`` and ``checked_by``: a list of
     ``{"chapter": "chapters/NN_x", "verdict": <the claim text passed to verdict>}``, or None while no chapter
-    checks the claim. Raises ValueError on a malformed inventory.
+    checks the claim; such a claim may carry ``why_unchecked``, the reason no code can check it. Raises ValueError on a malformed inventory.
     """
     path = _PACKAGE / "data" / "source_claims.json" if path is None else Path(path)
     doc = json.loads(path.read_text())
@@ -75,8 +137,13 @@ def source_claims(path: Path | None = None) -> list[dict]:
     seen = set()
     for c in claims:
         where = f"{path.name}: claim {c.get('id')!r}"
-        if set(c) != {"id", "section", "quote", "checked_by"}:
-            raise ValueError(f"{where} has keys {sorted(c)}, expected id, section, quote, checked_by")
+        if not {"id", "section", "quote", "checked_by"} <= set(c) <= {"id", "section", "quote", "checked_by",
+                                                                      "why_unchecked"}:
+            raise ValueError(f"{where} has keys {sorted(c)}, expected id, section, quote, checked_by "
+                             "(and why_unchecked when checked_by is null)")
+        if "why_unchecked" in c and (c["checked_by"] is not None or not isinstance(c["why_unchecked"], str)
+                                     or not c["why_unchecked"].strip()):
+            raise ValueError(f"{where}: why_unchecked is a non-empty reason, only for a claim no verdict checks")
         if c["id"] in seen:
             raise ValueError(f"{where} appears twice")
         seen.add(c["id"])

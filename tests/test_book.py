@@ -1,13 +1,49 @@
 import pytest
 
-from minillm.book import median_seconds, verdict
+from minillm.book import agrees, in_range, median_seconds, verdict, verdict_line
 
 
-def test_verdict_prints_holds_or_not(capsys):
-    verdict("two plus two is four", 4, 2 + 2 == 4)
-    verdict("two plus two is five", 4, 2 + 2 == 5)
+def test_verdict_prints_holds_or_not_with_its_scope(capsys):
+    verdict("two plus two is four", 4, 2 + 2 == 4, scope="arithmetic: integers")
+    verdict("two plus two is five", 4, 2 + 2 == 5, scope="live: one addition")
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("holds:") and out[1].startswith("DOES NOT HOLD:")
+    assert out == ["holds: claim 'two plus two is four'; computed 4; scope arithmetic: integers",
+                   "DOES NOT HOLD: claim 'two plus two is five'; computed 4; scope live: one addition"]
+
+
+def test_verdict_line_only_when_is_the_third_state():
+    line = verdict_line("3 to 5 tokens per call", "2.5 at alpha 0.6", False, scope="simulated: i.i.d. model",
+                        only_when="alpha >= 0.75 and k >= 6")
+    assert line.startswith("holds only when alpha >= 0.75 and k >= 6: claim '3 to 5 tokens per call'")
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(scope="measured: x"), ValueError, "kind from"),
+    (dict(scope="live"), ValueError, "kind from"),
+    (dict(scope="live: "), ValueError, "kind from"),
+    (dict(scope="live: a; scope b"), ValueError, "one line"),
+    (dict(scope="live: x", only_when="n > 2", holds=True), ValueError, "holds=False"),
+    (dict(scope="live: x", only_when=" "), ValueError, "one-line condition"),
+    (dict(scope="live: x", holds=1), TypeError, "must be a bool"),
+    (dict(scope="live: x", claim=""), ValueError, "non-empty string"),
+])
+def test_verdict_line_bad_arguments_raise(kwargs, error, message):
+    args = dict(claim="c", computed=1, holds=False) | kwargs
+    with pytest.raises(error, match=message):
+        verdict_line(args.pop("claim"), args.pop("computed"), args.pop("holds"), **args)
+
+
+def test_agrees_plain_within_one_percent_about_within_ten():
+    assert agrees(2.10, 2.094) and not agrees(2.10, 2.07)  # 0.3% off holds, 1.4% off does not
+    assert agrees(4.0, 3.91, about=True) and not agrees(4.0, 3.5, about=True)
+    assert agrees(0.0, 0.0) and not agrees(0.0, 1e-9)
+
+
+def test_in_range_widens_the_range_by_the_tolerance():
+    assert in_range(5, 10, 4.96) and not in_range(5, 10, 4.9) and in_range(5, 10, 4.6, about=True)
+    assert in_range(60, 80, 80.7) and not in_range(60, 80, 81)
+    with pytest.raises(ValueError, match="low <= high"):
+        in_range(10, 5, 7)
 
 
 def test_median_seconds_calls_warmup_plus_repeats():
@@ -75,6 +111,8 @@ def _inventory(tmp_path, **change):
     ({"checked_by": [{"chapter": "01_x", "verdict": "2x"}]}, "checked_by must be null"),
     ({"id": "1.2"}, "appears twice"),
     ({"extra": 1}, "expected id, section, quote, checked_by"),
+    ({"why_unchecked": "no code can"}, "only for a claim no verdict checks"),
+    ({"checked_by": None, "why_unchecked": " "}, "only for a claim no verdict checks"),
 ])
 def test_source_claims_malformed_entry_raises(tmp_path, change, message):
     from minillm.book import source_claims

@@ -34,20 +34,25 @@ def ledger_tables(text: str) -> dict[str, list[list[str]]]:
     return tables
 
 
-def printed_verdicts(root: Path = ROOT) -> list[tuple[str, str, str, str]]:
-    """An independent scan: (chapter, claim, computed, verdict) of every printed line that starts like a verdict,
-    in every chapter notebook."""
+def printed_verdicts(root: Path = ROOT) -> list[tuple[str, str, str, str, str]]:
+    """An independent scan: (chapter, claim, computed, scope, verdict) of every printed line that starts like a
+    verdict, in every chapter notebook."""
     printed = []
     for nb_path in sorted((root / "chapters").glob("*.ipynb")):
         nb = json.loads(nb_path.read_text())
         for cell in nb["cells"]:
             for out in cell.get("outputs", []):
                 for line in "".join(out.get("text", "")).splitlines():
-                    if line.startswith(("holds: claim ", "DOES NOT HOLD: claim ")):
+                    if line.startswith(("holds: claim ", "DOES NOT HOLD: claim ", "holds only when ")):
                         verdict, rest = line.split(": claim ", 1)
                         claim, computed = rest.rsplit("; computed ", 1) if "; computed " in rest else (rest, "")
-                        printed.append((f"chapters/{nb_path.stem}", ast.literal_eval(claim), computed, verdict))
+                        computed, scope = computed.split("; scope ", 1) if "; scope " in computed else (computed, "")
+                        printed.append((f"chapters/{nb_path.stem}", ast.literal_eval(claim), computed, scope, verdict))
     return printed
+
+
+def ledger_verdict(verdict: str) -> str:
+    return {"holds": "holds", "DOES NOT HOLD": "**does not hold**"}.get(verdict, verdict)
 
 
 def named_verdicts(claims: list[dict]) -> list[tuple[str, str]]:
@@ -65,7 +70,7 @@ def test_claims_ledger_committed_page_is_current():
 
 
 def test_inventory_each_named_verdict_matches_exactly_one_verdict_line():
-    printed = Counter((chapter, claim) for chapter, claim, _, _ in printed_verdicts())
+    printed = Counter((chapter, claim) for chapter, claim, *_ in printed_verdicts())
     named = named_verdicts(source_claims())
     assert len(named) >= 40
     wrong = [(key, printed[key]) for key in named if printed[key] != 1]
@@ -76,7 +81,7 @@ def test_inventory_names_every_verdict_line_of_every_chapter_once():
     printed = printed_verdicts()
     named = Counter(named_verdicts(source_claims()))
     assert len(printed) >= 40
-    unnamed = [(chapter, claim) for chapter, claim, _, _ in printed if named[(chapter, claim)] == 0]
+    unnamed = [(chapter, claim) for chapter, claim, *_ in printed if named[(chapter, claim)] == 0]
     assert not unnamed, ("verdict lines no claim in minillm/data/source_claims.json names "
                          f"(add them to the inventory): {unnamed}")
     twice = [key for key, n in named.items() if n > 1]
@@ -85,22 +90,32 @@ def test_inventory_names_every_verdict_line_of_every_chapter_once():
 
 def test_claims_ledger_lists_every_verdict_line_of_every_chapter():
     checked = ledger_tables(claims_ledger.LEDGER.read_text())["Checked claims"]
-    expected = Counter((link(chapter), claim, computed, "holds" if verdict == "holds" else "**does not hold**")
-                       for chapter, claim, computed, verdict in printed_verdicts())
+    expected = Counter((link(chapter), claim, computed, scope or "**no scope stated**", ledger_verdict(verdict))
+                       for chapter, claim, computed, scope, verdict in printed_verdicts())
     assert Counter(tuple(row[1:]) for row in checked) == expected
     ids = {c["id"]: c for c in source_claims()}
     for row in checked:  # each row under the claim that names it
         assert row[2] in [v["verdict"] for v in ids[row[0]]["checked_by"]], row
 
 
+def test_every_verdict_line_states_its_scope():
+    unscoped = [(chapter, claim) for chapter, claim, _, scope, _ in printed_verdicts() if not scope]
+    assert not unscoped, f"verdict lines printed without a scope (minillm.book.verdict(..., scope=...)): {unscoped}"
+
+
+def test_every_claim_is_checked_or_says_why_not():
+    bare = [c["id"] for c in source_claims() if c["checked_by"] is None and "why_unchecked" not in c]
+    assert not bare, f"claims no verdict checks and no reason given (why_unchecked): {bare}"
+
+
 def test_claims_ledger_unchecked_count_equals_the_inventory():
     text = claims_ledger.LEDGER.read_text()
     unchecked = [c for c in source_claims() if c["checked_by"] is None]
-    rows = ledger_tables(text)["Not yet checked"]
-    assert unchecked and len(rows) == len(unchecked)
-    assert f"- Not yet checked: {len(unchecked)}." in text.splitlines()
+    rows = ledger_tables(text)["Not checked"]
+    assert len(rows) == len(unchecked)
+    assert re.search(rf"^- Not checked: {len(unchecked)}[,.]", text, re.M)
     for row, c in zip(rows, unchecked):
-        assert row == [c["id"], c["section"], f"\u201c{c['quote']}\u201d", "not yet checked"]
+        assert row == [c["id"], c["section"], f"\u201c{c['quote']}\u201d", c.get("why_unchecked", "not yet checked")]
     n_checked = len(source_claims()) - len(unchecked)
     assert re.search(rf"^- Checked: {n_checked}, by ", text, re.M)
 
@@ -111,9 +126,13 @@ def test_claims_ledger_intro_prose_has_no_typed_number():
     assert "Claims ledger" in intro and not re.search(r"\d", intro), intro
 
 
-def test_parse_line_reads_claim_computed_and_verdict():
-    assert claims_ledger.parse_line("holds: claim 'a; computed b'; computed 5,050") == ("a; computed b", "5,050", True)
-    assert claims_ledger.parse_line('DOES NOT HOLD: claim "the page\'s 5x"; computed 2.9x') == ("the page's 5x", "2.9x", False)
+def test_parse_line_reads_claim_computed_scope_and_verdict():
+    assert claims_ledger.parse_line("holds: claim 'a; computed b'; computed 5,050; scope live: x; y") == (
+        "a; computed b", "5,050", True, "live: x; y", None)
+    assert claims_ledger.parse_line('DOES NOT HOLD: claim "the page\'s 5x"; computed 2.9x') == (
+        "the page's 5x", "2.9x", False, "", None)
+    assert claims_ledger.parse_line("holds only when k >= 6: x: claim 'c'; computed 3; scope simulated: m") == (
+        "c", "3", False, "simulated: m", "k >= 6: x")
     assert claims_ledger.parse_line("met: target 'x'; measured 1") is None
     assert claims_ledger.parse_line("N=  256: standard peak") is None
 
@@ -138,23 +157,40 @@ FAKE_CLAIMS = [
 
 def test_render_changed_verdict_changes_the_page(tmp_path):
     held = claims_ledger.render(claims_ledger.collect(
-        _fake_book(tmp_path / "a", "holds: claim 'c | d'; computed 1 * 2")), FAKE_CLAIMS)
+        _fake_book(tmp_path / "a", "holds: claim 'c | d'; computed 1 * 2; scope live: a | b")), FAKE_CLAIMS)
     failed = claims_ledger.render(claims_ledger.collect(
-        _fake_book(tmp_path / "b", "DOES NOT HOLD: claim 'c | d'; computed 1 * 2")), FAKE_CLAIMS)
-    assert held != failed
+        _fake_book(tmp_path / "b", "DOES NOT HOLD: claim 'c | d'; computed 1 * 2; scope live: a | b")), FAKE_CLAIMS)
+    conditional = claims_ledger.render(claims_ledger.collect(
+        _fake_book(tmp_path / "c", "holds only when n > 2: claim 'c | d'; computed 1 * 2; scope simulated: m")),
+        FAKE_CLAIMS)
+    assert len({held, failed, conditional}) == 3
     tables = ledger_tables(held)
-    assert tables["Checked claims"] == [["1.1", "[1](chapters/01_x.ipynb)", "c | d", "1 * 2", "holds"]]
-    assert tables["Not yet checked"] == [["1.2", "One", "\u201cit is *2x* faster\u201d", "not yet checked"]]
+    assert tables["Checked claims"] == [["1.1", "[1](chapters/01_x.ipynb)", "c | d", "1 * 2", "live: a | b", "holds"]]
+    assert tables["Not checked"] == [["1.2", "One", "\u201cit is *2x* faster\u201d", "not yet checked"]]
     assert "Verdict lines the inventory does not name" not in tables
-    assert ledger_tables(failed)["Checked claims"][0][4] == "**does not hold**"
-    assert "- Checked: 1, by 1 verdict lines in 1 chapters (1 hold, 0 do not hold)." in held.splitlines()
+    assert ledger_tables(failed)["Checked claims"][0][5] == "**does not hold**"
+    assert ledger_tables(conditional)["Checked claims"][0][4:] == ["simulated: m", "holds only when n > 2"]
+    assert ("- Checked: 1, by 1 verdict lines in 1 chapters (1 hold, 0 hold only under a condition, "
+            "0 do not hold).") in held.splitlines()
+    assert "- Scopes of the verdict lines: 1 live." in held.splitlines()
+    assert "- Scopes of the verdict lines: 1 simulated." in conditional.splitlines()
+
+
+def test_render_unchecked_claim_shows_its_reason(tmp_path):
+    claims = [FAKE_CLAIMS[0], dict(FAKE_CLAIMS[1], why_unchecked="a history, no number")]
+    page = claims_ledger.render(claims_ledger.collect(
+        _fake_book(tmp_path, "holds: claim 'c | d'; computed 1; scope cited: x")), claims)
+    assert ledger_tables(page)["Not checked"] == [["1.2", "One", "\u201cit is *2x* faster\u201d", "a history, no number"]]
+    assert "- Not checked: 1, 1 of them with the reason no code can check them." in page.splitlines()
 
 
 def test_render_verdict_no_claim_names_gets_its_own_table(tmp_path):
-    rows = claims_ledger.collect(_fake_book(tmp_path, "holds: claim 'c | d'; computed 1", "holds: claim 'new'; computed 2"))
+    rows = claims_ledger.collect(_fake_book(tmp_path, "holds: claim 'c | d'; computed 1; scope live: x",
+                                            "holds: claim 'new'; computed 2"))
     page = claims_ledger.render(rows, FAKE_CLAIMS)
     assert ledger_tables(page)["Verdict lines the inventory does not name"] == [
-        ["[1](chapters/01_x.ipynb)", "new", "2", "holds"]]
+        ["[1](chapters/01_x.ipynb)", "new", "2", "**no scope stated**", "holds"]]
+    assert "- Verdict lines that state no scope: 0." not in page.splitlines()
     assert "- Verdict lines the inventory does not name: 1 (listed last)." in page.splitlines()
 
 

@@ -18,17 +18,22 @@ import ast
 import json
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "claims_ledger.md"
 INVENTORY = ROOT / "minillm" / "data" / "source_claims.json"
+SCOPE_KINDS = ("arithmetic", "live", "recorded", "simulated", "cited")  # minillm.book.SCOPES, in this order
 
-# The line minillm.book.verdict prints: the claim is a Python string literal (repr), then "; computed ".
+# The line minillm.book.verdict prints (minillm.book.verdict_line): the state, the claim as a Python string
+# literal (repr), what was computed, and the scope. A line without a scope is read too (scope ""), so that the
+# ledger shows it and a test flags it.
 VERDICT_LINE = re.compile(
-    r"^(?P<verdict>holds|DOES NOT HOLD): claim "
-    r"(?P<claim>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"); computed (?P<computed>.*)$"
+    r"^(?P<verdict>holds|DOES NOT HOLD|holds only when (?P<condition>.+?)): claim "
+    r"(?P<claim>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"); computed (?P<computed>.*?)"
+    r"(?:; scope (?P<scope>(?:arithmetic|live|recorded|simulated|cited): .*))?$"
 )
 
 
@@ -38,7 +43,9 @@ class Verdict:
     title: str  # the chapter's first heading
     claim: str
     computed: str
-    holds: bool
+    holds: bool  # the claim as the page states it
+    scope: str = ""  # "<kind>: <detail>", see minillm.book.SCOPES; "" for a line printed without one
+    condition: str | None = None  # the third state: holds only when this condition is met
 
 
 def chapter_docs(toc: Path = ROOT / "_toc.yml") -> list[str]:
@@ -64,11 +71,12 @@ def verdict_lines(nb: dict) -> list[str]:
     return lines
 
 
-def parse_line(line: str) -> tuple[str, str, bool] | None:
+def parse_line(line: str) -> tuple[str, str, bool, str, str | None] | None:
+    """(claim, computed, holds, scope, condition) of a verdict line, or None for any other line."""
     m = VERDICT_LINE.match(line)
     if m is None:
         return None
-    return ast.literal_eval(m["claim"]), m["computed"], m["verdict"] == "holds"
+    return ast.literal_eval(m["claim"]), m["computed"], m["verdict"] == "holds", m["scope"] or "", m["condition"]
 
 
 def collect(root: Path = ROOT) -> list[Verdict]:
@@ -131,7 +139,13 @@ def chapter_link(chapter: str, title: str | None = None) -> str:
 
 
 def verdict_cell(r: Verdict) -> str:
+    if r.condition is not None:
+        return f"holds only when {escape(r.condition)}"
     return "holds" if r.holds else "**does not hold**"
+
+
+def scope_cell(r: Verdict) -> str:
+    return escape(r.scope) if r.scope else "**no scope stated**"
 
 
 INTRO = """\
@@ -145,6 +159,12 @@ lines of the executed chapters (`minillm.book.verdict`). This page is generated 
 not typed in: a test fails when a chapter's verdict and this page disagree, when a chapter prints a verdict
 the inventory does not name, or when the inventory names a verdict no chapter prints. The book's own
 targets (`met` / `MISSED` lines) are not the page's claims and are not listed here.
+
+Each verdict says where its number comes from (the scope): *arithmetic* from published configurations,
+*live* on the machine that executed the chapter, *recorded* on a named GPU, *simulated* by one of the book's
+models, or *cited*, checked against the source the page relies on. A verdict is `holds`, `does not hold`,
+or `holds only when` a condition the data supports; numbers are compared under the tolerance policy the
+introduction states.
 """
 
 
@@ -152,16 +172,26 @@ def render(rows: list[Verdict], claims: list[dict]) -> str:
     m = match(rows, claims)
     found = [r for _, _, r in m.checked if r is not None]
     held = sum(r.holds for r in found)
+    conditional = sum(r.condition is not None for r in found)
     n_checked = len({c["id"] for c, _, _ in m.checked})
     sections = list(dict.fromkeys(c["section"] for c in claims))
     chapters = list(dict.fromkeys(r.chapter for r in rows))
     titles = {r.chapter: r.title for r in rows}
+    kinds = Counter(r.scope.split(":")[0] for r in found if r.scope)
     out = [INTRO,
            f"- Claims inventoried: {len(claims)}, in {len(sections)} sections of the page, numbered section.claim.",
            f"- Checked: {n_checked}, by {len(found)} verdict lines in "
-           f"{len(dict.fromkeys(r.chapter for r in found))} chapters ({held} hold, {len(found) - held} do not hold).",
-           f"- Not yet checked: {len(m.unchecked)}.",
+           f"{len(dict.fromkeys(r.chapter for r in found))} chapters ({held} hold, {conditional} hold only "
+           f"under a condition, {len(found) - held - conditional} do not hold).",
+           "- Scopes of the verdict lines: " + (", ".join(f"{kinds[k]} {k}" for k in SCOPE_KINDS if kinds[k])
+                                                 or "none") + ".",
+           f"- Not checked: {len(m.unchecked)}"
+           + (f", {sum('why_unchecked' in c for c in m.unchecked)} of them with the reason no code can check them."
+              if m.unchecked else "."),
            ]
+    unscoped = sum(not r.scope for r in found)
+    if unscoped:
+        out.append(f"- Verdict lines that state no scope: {unscoped}.")
     missing = sum(r is None for _, _, r in m.checked)
     if missing:
         out.append(f"- Verdicts the inventory names that no chapter prints: {missing}.")
@@ -170,28 +200,30 @@ def render(rows: list[Verdict], claims: list[dict]) -> str:
     numbered = dict.fromkeys((c["id"].split(".")[0], c["section"]) for c in claims)
     out += ["", "Sections of the page: " + "; ".join(f"{n} {escape(name)}" for n, name in numbered) + ".",
             "", "## Checked claims", "",
-            "| Claim | Chapter | Checked as | Computed | Verdict |",
-            "| --- | --- | --- | --- | --- |"]
+            "| Claim | Chapter | Checked as | Computed | Scope | Verdict |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for c, ref, r in m.checked:
         if r is None:
             out.append(f"| {c['id']} | {chapter_link(ref['chapter'])} | "
-                       f"{escape(ref['verdict'])} | (no such verdict line in the chapter) | **not found** |")
+                       f"{escape(ref['verdict'])} | (no such verdict line in the chapter) | | **not found** |")
         else:
             out.append(f"| {c['id']} | {chapter_link(r.chapter)} | {escape(r.claim)} | "
-                       f"{escape(r.computed)} | {verdict_cell(r)} |")
-    out += ["", "## Not yet checked", "",
-            "No chapter prints a verdict on these claims yet.", "",
+                       f"{escape(r.computed)} | {scope_cell(r)} | {verdict_cell(r)} |")
+    out += ["", "## Not checked", "",
+            "No chapter prints a verdict on these claims.", "",
             "| Claim | Section | The page says | Status |",
             "| --- | --- | --- | --- |"]
     for c in m.unchecked:
-        out.append(f"| {c['id']} | {escape(c['section'])} | \u201c{escape(c['quote'])}\u201d | not yet checked |")
+        status = escape(c["why_unchecked"]) if "why_unchecked" in c else "not yet checked"
+        out.append(f"| {c['id']} | {escape(c['section'])} | \u201c{escape(c['quote'])}\u201d | {status} |")
     if m.unnamed:
         out += ["", "## Verdict lines the inventory does not name", "",
                 "These verdicts are printed by a chapter but named by no claim in `minillm/data/source_claims.json`.", "",
-                "| Chapter | Checked as | Computed | Verdict |",
-                "| --- | --- | --- | --- |"]
+                "| Chapter | Checked as | Computed | Scope | Verdict |",
+                "| --- | --- | --- | --- | --- |"]
         for r in m.unnamed:
-            out.append(f"| {chapter_link(r.chapter)} | {escape(r.claim)} | {escape(r.computed)} | {verdict_cell(r)} |")
+            out.append(f"| {chapter_link(r.chapter)} | {escape(r.claim)} | {escape(r.computed)} | {scope_cell(r)} | "
+                       f"{verdict_cell(r)} |")
     out += ["", "Chapters with verdicts: " + "; ".join(chapter_link(c, titles[c]) for c in chapters) + ".", ""]
     return "\n".join(out)
 
