@@ -13,6 +13,12 @@ taken from the flash-attention repository's README:
 
 ``pick_flash`` decides by compute capability, never by a GPU's marketing name alone; ``supports`` says
 whether a given version runs on a GPU (in training, too), which is how a recommendation is checked.
+
+Running on a GPU is not the same as being written for it. FlashAttention-4 runs on Hopper, but it was
+written for Blackwell, and it ships only as pre-releases (``flash-attn-4`` 4.0.0b*, classified
+"Development Status :: 3 - Alpha"). FlashAttention-3 is the kernel written for Hopper: its README section
+is still headed "beta release", but it has shipped BF16/FP16 forward and backward for Hopper since 2024. ``pick_flash`` therefore prefers the newest version *designed for* the GPU's
+architecture (``designed_for``), and falls back to the newest one that merely runs there.
 """
 from __future__ import annotations
 
@@ -29,24 +35,26 @@ class FlashVersion:
     changed: str
     backward: bool  # has a backward pass (usable for training)
     compute_capabilities: frozenset  # the CC values the version's builds support
+    designed_for: frozenset  # the CC values whose architecture the version's schedule was written for
+    prerelease: bool = False  # released only as betas/alphas (a version number with a pre-release tag)
 
 
 VERSIONS = [
     FlashVersion("FlashAttention-1", 2022, "Turing or Ampere (sm75, sm80, sm86)",
                  "first fused, tiled, IO-aware attention: S and P never reach HBM; parallel over batch x heads", True,
-                 frozenset({(7, 5), (8, 0), (8, 6)})),
+                 frozenset({(7, 5), (8, 0), (8, 6)}), frozenset({(7, 5), (8, 0), (8, 6)})),
     FlashVersion("FlashAttention-2", 2023, "Ampere, Ada or Hopper (sm80, sm86, sm89, sm90)",
                  "parallelizes over query blocks too, loops K/V inside (better occupancy, causal balance), "
                  "fewer non-matmul FLOPs, work split between warps without shared-memory round trips", True,
-                 frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})),
+                 frozenset({(8, 0), (8, 6), (8, 9), (9, 0)}), frozenset({(8, 0), (8, 6), (8, 9)})),
     FlashVersion("FlashAttention-3", 2024, "Hopper only (sm90: H100, H200)",
                  "warp specialization (producer warps issue TMA copies, consumer warps run wgmma), "
                  "softmax overlapped with the matmuls, FP8 with per-block scaling", True,
-                 frozenset({(9, 0)})),
+                 frozenset({(9, 0)}), frozenset({(9, 0)})),
     FlashVersion("FlashAttention-4", 2026, "Hopper and Blackwell (sm90, sm100: H100, H200, B200, GB200)",
                  "written in CuTe-DSL; on Blackwell, asynchronous MMAs into tensor memory, a software exp2 "
                  "(polynomial) next to the hardware one, and softmax rescaling only when the max grows enough",
-                 True, frozenset({(9, 0), (10, 0)})),
+                 True, frozenset({(9, 0), (10, 0)}), frozenset({(10, 0)}), prerelease=True),
 ]
 
 NO_FLASH = "no FlashAttention build; use SDPA's memory-efficient/cuDNN backend"
@@ -88,10 +96,14 @@ def supports(version: str, gpu: str | CC, training: bool) -> bool:
 
 
 def pick_flash(gpu: str | CC, training: bool) -> str:
-    """The newest FlashAttention version whose builds support ``gpu``'s compute capability (and that has a
-    backward pass when ``training``); ``NO_FLASH`` when none does."""
+    """The FlashAttention version to deploy on ``gpu`` (with a backward pass when ``training``): the newest
+    one written for the GPU's architecture (``designed_for``), else the newest whose builds merely support
+    its compute capability; ``NO_FLASH`` when none does. On Hopper that is FlashAttention-3, not the newer
+    FlashAttention-4, which runs there but was written for Blackwell and is still a pre-release."""
     cc = compute_capability(gpu)
-    for ver in reversed(VERSIONS):
-        if cc in ver.compute_capabilities and (ver.backward or not training):
-            return ver.name
+    usable = [v for v in VERSIONS if cc in v.compute_capabilities and (v.backward or not training)]
+    designed = [v for v in usable if cc in v.designed_for]
+    for group in (designed, usable):
+        if group:
+            return group[-1].name
     return NO_FLASH

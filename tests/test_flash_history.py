@@ -18,7 +18,9 @@ def test_supported_architectures_follow_the_flash_attention_readme():
 @pytest.mark.parametrize("gpu,training,want", [
     ("B200", False, "FlashAttention-4"), ("GB200", False, "FlashAttention-4"),
     ("B200", True, "FlashAttention-4"),  # FA3 is Hopper-only and FA2 stops at sm90; FA4 has a backward pass
-    ("H200", True, "FlashAttention-4"), ("H100", False, "FlashAttention-4"),  # the newest version covering sm90
+    # Hopper: FA3, written for sm90; FA4 runs there too but was written for Blackwell and is a pre-release
+    ("H200", True, "FlashAttention-3"), ("H100", True, "FlashAttention-3"),
+    ("H100", False, "FlashAttention-3"), ("GH200", False, "FlashAttention-3"),
     ("A100", True, "FlashAttention-2"), ("A6000", False, "FlashAttention-2"), ("L40S", False, "FlashAttention-2"),
     ("L4", True, "FlashAttention-2"), ("RTX 4090", False, "FlashAttention-2"),
     ("T4", False, "FlashAttention-1"), ("T4", True, "FlashAttention-1"),  # Turing: FA1 only
@@ -29,7 +31,8 @@ def test_pick_flash_by_compute_capability(gpu, training, want):
 
 
 @pytest.mark.parametrize("cc,want", [((7, 5), "FlashAttention-1"), ((8, 9), "FlashAttention-2"),
-                                     ((9, 0), "FlashAttention-4"), ((7, 0), NO_FLASH), ((12, 0), NO_FLASH)])
+                                     ((9, 0), "FlashAttention-3"), ((10, 0), "FlashAttention-4"),
+                                     ((7, 0), NO_FLASH), ((12, 0), NO_FLASH)])
 def test_pick_flash_accepts_a_compute_capability(cc, want):
     assert pick_flash(cc, training=True) == want
 
@@ -70,3 +73,14 @@ def test_supports_checks_a_recommendation(version, gpu, training, want):
 def test_supports_rejects_an_unknown_version():
     with pytest.raises(ValueError):
         supports("FlashAttention-9", "H100", False)
+
+
+def test_hopper_training_gets_the_kernel_written_for_hopper_not_the_blackwell_prerelease():
+    # the old pick_flash took the newest version whose builds cover sm90, FlashAttention-4 (a pre-release)
+    assert pick_flash("H100", training=True) == "FlashAttention-3"
+    assert BY_NAME["FlashAttention-4"].prerelease and (9, 0) not in BY_NAME["FlashAttention-4"].designed_for
+    assert (9, 0) in BY_NAME["FlashAttention-3"].designed_for
+
+
+def test_designed_for_is_within_what_the_builds_support():
+    assert all(v.designed_for and v.designed_for <= v.compute_capabilities for v in VERSIONS)
