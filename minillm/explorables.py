@@ -20,7 +20,8 @@ import math
 import numpy as np
 
 from minillm.paged.cache import PagedKVCache
-from minillm.sizing import DTYPE_BYTES, GIB, GPUS, MODELS, capacity
+from minillm.hardware import GPUS
+from minillm.sizing import DTYPE_BYTES, GIB, MODELS, capacity
 
 _CSS = """
 .minillm-explorable { font: 13px/1.4 system-ui, sans-serif; border: 1px solid #ccd; border-radius: 6px;
@@ -396,5 +397,5 @@ def sizing_explorable(model: str = "Llama 3.1 70B", context: int = 32_000, batch
         print(cap.summary())
         return None
     models = [{f: getattr(m, f) for f in _MODEL_FIELDS} for m in MODELS.values()]
-    return cls(models=models, gpus=dict(GPUS), dtypes={d: DTYPE_BYTES[d] for d in _DTYPES}, model=model,
+    return cls(models=models, gpus={name: g.memory_bytes for name, g in GPUS.items()}, dtypes={d: DTYPE_BYTES[d] for d in _DTYPES}, model=model,
                context=int(context), batch=int(batch), gpu=gpu, n_gpus=int(n_gpus), reserve=float(reserve))

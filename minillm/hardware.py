@@ -2,8 +2,10 @@
 
 Four pieces, NumPy and the standard library only:
 
-* ``GPUSpec`` / ``GPUS``: datasheet figures for a handful of NVIDIA GPUs, each
-  with the document it comes from.
+* ``GPUSpec`` / ``GPUS``: the book's one registry of GPUs: memory as the device
+  reports it, bandwidth and compute from the datasheets, each with its source.
+  Chapters 2 to 4 and the sizing of chapter 3 (``minillm.sizing.capacity``) all
+  read it.
 * A *traffic model*: how many bytes cross between HBM (the big, slow memory)
   and on-chip SRAM for textbook attention versus a tiled, fused
   FlashAttention-2-style kernel. Formulas, not measurements.
@@ -16,6 +18,12 @@ Four pieces, NumPy and the standard library only:
 
 Sizes are bytes; bandwidths bytes/s; compute FLOP/s. "Dense" means without the
 2:4 structured-sparsity doubling that datasheets often headline.
+
+One unit convention for GPU memory: ``GPUSpec.memory_bytes`` is what the device
+reports to CUDA (``torch.cuda.get_device_properties(i).total_memory``), in bytes,
+and the book prints it in GiB (2**30 bytes, what nvidia-smi reports in). The "80 GB"
+of a product name is kept apart, as ``memory_label_gb``: a label, not a byte count
+(an "80 GB" H100 reports 79.2 GiB, 85.0e9 bytes).
 """
 from __future__ import annotations
 
@@ -35,7 +43,15 @@ DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """Datasheet figures for one GPU.
+    """One GPU: its memory as the device reports it, and datasheet bandwidth and compute.
+
+    ``memory_bytes`` is the device memory CUDA reports (``cudaDeviceProp::totalGlobalMem``, which
+    ``torch.cuda.get_device_properties(i).total_memory`` returns): the most a program can allocate, with
+    its source in ``memory_source``. ``memory_label_gb`` is the number in the product's name or datasheet
+    headline ("80 GB"), a label and not a byte count; ``memory_label_announced_gb`` is set where the
+    part was announced with a different label than it ships with. ``memory_kind`` is the memory
+    technology (HBM2e, HBM3, HBM3e, or GDDR6 for the L40S and T4, which have no HBM); ``hbm_bw`` is that
+    off-chip memory's datasheet bandwidth, whatever its kind.
 
     ``sram_per_sm_bytes`` is the combined L1 data cache + shared memory of one SM
     (the physical on-chip SRAM block); ``smem_per_sm_bytes`` is the largest part
@@ -48,7 +64,9 @@ class GPUSpec:
     """
 
     name: str
-    hbm_bytes: int
+    memory_bytes: int
+    memory_label_gb: float
+    memory_kind: str
     hbm_bw: float
     sm_count: int
     sram_per_sm_bytes: int
@@ -58,6 +76,8 @@ class GPUSpec:
     bf16_flops: float | None
     fp8_flops: float | None
     sources: str
+    memory_source: str
+    memory_label_announced_gb: float | None = None
     regs_per_sm_bytes: int = 64 * KiB * 4
 
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -85,39 +105,56 @@ _HOPPER_SRC = ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022): H100
 
 GPUS: dict[str, GPUSpec] = {
     "A100 40GB": GPUSpec(
-        "A100 40GB", 40 * GB, 1555 * GB, 108, 192 * KiB, 164 * KiB, 40 * MiB, 312e12, 312e12, None,
-        _A100_SRC + "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s (SXM)."),
+        "A100 40GB", 42_298_834_944, 40, "HBM2", 1555 * GB, 108, 192 * KiB, 164 * KiB, 40 * MiB, 312e12, 312e12,
+        None, _A100_SRC + "NVIDIA A100 datasheet: 40 GB HBM2, 1,555 GB/s (SXM).",
+        "deviceQuery on an NVIDIA A100-SXM4-40GB (driver 12.2): 40339 MBytes (42298834944 bytes), "
+        "https://github.com/bottlerocket-os/bottlerocket/pull/3873"),
     "A100 80GB": GPUSpec(
-        "A100 80GB", 80 * GB, 2039 * GB, 108, 192 * KiB, 164 * KiB, 40 * MiB, 312e12, 312e12, None,
-        _A100_SRC + "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s (SXM; the PCIe card is 1,935 GB/s)."),
+        "A100 80GB", 85_100_068_864, 80, "HBM2e", 2039 * GB, 108, 192 * KiB, 164 * KiB, 40 * MiB, 312e12, 312e12,
+        None, _A100_SRC + "NVIDIA A100 datasheet: 80 GB HBM2e, 2,039 GB/s (SXM; the PCIe card is 1,935 GB/s).",
+        "deviceQuery on an NVIDIA A100-SXM4-80GB (driver 12.5): 81158 MBytes (85100068864 bytes), "
+        "github.com/thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py"),
     "H100 SXM": GPUSpec(
-        "H100 SXM", 80 * GB, 3350 * GB, 132, 256 * KiB, 228 * KiB, 50 * MiB, 989.4e12, 989.4e12, 1978.9e12,
-        _HOPPER_SRC + "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (the datasheet's 1,979/3,958 TFLOP/s "
-        "BF16/FP8 are with sparsity)."),
+        "H100 SXM", 85_045_477_376, 80, "HBM3", 3350 * GB, 132, 256 * KiB, 228 * KiB, 50 * MiB, 989.4e12, 989.4e12,
+        1978.9e12, _HOPPER_SRC + "NVIDIA H100 datasheet: 80 GB HBM3, 3.35 TB/s (the datasheet's 1,979/3,958 "
+        "TFLOP/s BF16/FP8 are with sparsity).",
+        "deviceQuery on an NVIDIA H100 80GB HBM3 (driver 12.7): 81106 MBytes (85045477376 bytes), "
+        "github.com/thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py"),
     "H200": GPUSpec(
-        "H200", 141 * GB, 4800 * GB, 132, 256 * KiB, 228 * KiB, 60 * MiB, 989.4e12, 989.4e12, 1978.9e12,
-        _HOPPER_SRC + "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM "
+        "H200", 150_109_880_320, 141, "HBM3e", 4800 * GB, 132, 256 * KiB, 228 * KiB, 60 * MiB, 989.4e12, 989.4e12,
+        1978.9e12, _HOPPER_SRC + "NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, same compute as H100 SXM "
         "(same GH100 chip). L2 is not the H100 SXM's: 60 MiB (62,914,560 bytes) and 132 SMs as the CUDA device "
         "query (torch.cuda.get_device_properties: L2_cache_size, multi_processor_count) reported on the book's "
-        "H200, recorded in benchmarks/results/hardware_h200.json (meta l2_bytes, sm_count)."),
+        "H200, recorded in benchmarks/results/hardware_h200.json (meta l2_bytes, sm_count).",
+        "recorded on this book's H200: total_memory_bytes in minillm/results/hardware_h200.json "
+        "(torch.cuda.get_device_properties(0).total_memory)"),
     "B200": GPUSpec(
-        "B200", 192 * GB, 8000 * GB, 148, 256 * KiB, 228 * KiB, 126 * MiB, 2.25e15, 2.25e15, 4.5e15,
-        "NVIDIA DGX/HGX B200 datasheets and Blackwell architecture technical brief (2024): 192 GB HBM3e "
-        "(DGX B200 lists 1,440 GB for 8 GPUs, i.e. 180 GB each, as usable), 8 TB/s, dense BF16/FP16 ~2.25 "
-        "PFLOP/s and FP8 ~4.5 PFLOP/s (half the sparse headline; varies with the SKU's power limit). "
+        "B200", round(178.35 * GiB), 180, "HBM3e", 8000 * GB, 148, 256 * KiB, 228 * KiB, 126 * MiB, 2.25e15,
+        2.25e15, 4.5e15,
+        "NVIDIA DGX/HGX B200 datasheets and Blackwell architecture technical brief (2024): announced with "
+        "192 GB HBM3e; shipping DGX B200 lists 1,440 GB for 8 GPUs, i.e. 180 GB each; 8 TB/s, dense BF16/FP16 "
+        "~2.25 PFLOP/s and FP8 ~4.5 PFLOP/s (half the sparse headline; varies with the SKU's power limit). "
         "UNCERTAIN, not in an NVIDIA whitepaper table: 148 SMs, 126 MB L2 (both as reported by CUDA device "
-        "queries); 228 KB max shared per SM and 256 KB L1/shared per SM from the CUDA Blackwell tuning guide."),
+        "queries); 228 KB max shared per SM and 256 KB L1/shared per SM from the CUDA Blackwell tuning guide.",
+        "device query on an NVIDIA B200, to 0.01 GiB only: it prints 'Total Global Memory: 178.35 GB', "
+        "which is GiB (182631 MiB in torch's device properties), https://github.com/pytorch/ao/pull/4002",
+        memory_label_announced_gb=192),
     "L40S": GPUSpec(
-        "L40S", 48 * GB, 864 * GB, 142, 128 * KiB, 100 * KiB, 96 * MiB, 362.05e12, 362.05e12, 733e12,
+        "L40S", 47_803_596_800, 48, "GDDR6", 864 * GB, 142, 128 * KiB, 100 * KiB, 96 * MiB, 362.05e12, 362.05e12,
+        733e12,
         "NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, 142 third-generation RT / fourth-generation tensor "
         "core SMs, 362.05 TFLOP/s dense FP16/BF16 (733 with sparsity), 733 dense FP8 (1,466 with sparsity). "
         "NVIDIA Ada GPU Architecture whitepaper: 128 KB L1/shared per SM (up to 100 KB shared), 96 MB L2 "
-        "on the full AD102."),
+        "on the full AD102.",
+        "deviceQuery on an NVIDIA L40S (driver 12.4): 45589 MBytes (47803596800 bytes), "
+        "github.com/thamada/nvidia-smi nvsim/L40S_deviceQuery.py"),
     "T4": GPUSpec(
-        "T4", 16 * GB, 320 * GB, 40, 96 * KiB, 64 * KiB, 4 * MiB, 65e12, None, None,
+        "T4", 15_843_721_216, 16, "GDDR6", 320 * GB, 40, 96 * KiB, 64 * KiB, 4 * MiB, 65e12, None, None,
         "NVIDIA T4 datasheet: 16 GB GDDR6, 320 GB/s, 65 TFLOP/s FP16 (mixed precision), no BF16 or FP8 "
         "tensor cores. NVIDIA Turing architecture whitepaper: 40 SMs on the T4 (TU104), 96 KB L1/shared "
-        "per SM (up to 64 KB shared), 4 MB L2."),
+        "per SM (up to 64 KB shared), 4 MB L2.",
+        "deviceQuery on a Tesla T4 (driver 11.0): 15110 MBytes (15843721216 bytes), "
+        "https://chiemon.github.io/2024/12/25/%E6%98%BE%E5%8D%A1%E4%BF%A1%E6%81%AF.html"),
 }
 
 
@@ -382,6 +419,33 @@ def fused_attention_intensities(n: int, d: int, block_m: int = 128, block_n: int
     hbm = compulsory_attention_traffic(n, d, dtype_bytes)
     return {"hbm": flops / hbm, "l2": flops / tiled["total"], "flops": flops,
             "hbm_bytes": hbm, "l2_bytes": tiled["total"], "q_tiles": tiled["q_tiles"]}
+
+
+def decode_attention_traffic(n: int, d: int, group: int = 1, dtype_bytes=2, fused: bool = True) -> dict:
+    """HBM bytes and FLOPs of one decode step of attention for one KV head.
+
+    Decoding has one new query row per query head. Under grouped-query attention ``group`` query heads
+    (H_q / H_kv) share the KV head, so they read the same n cached keys and values of width d.
+    FLOPs: ``4 * group * n * d`` (q K^T and P V for each query row). Bytes: K and V read once
+    (``2 n d``), the group's queries read and outputs written (``2 group d``); without fusion the
+    scores S and probabilities P (``group x n`` each) are also written and read back. Either way K and V
+    dominate, so the intensity is about ``2 * group / dtype_bytes`` FLOP/byte: ``group`` in 16-bit,
+    however long the context.
+    """
+    n, d, g, b = (_positive_int("n", n), _positive_int("d", d), _positive_int("group", group),
+                  _dtype_bytes(dtype_bytes))
+    components = {"read_q": g * d * b, "read_k": n * d * b, "read_v": n * d * b, "write_o": g * d * b}
+    if not fused:
+        components.update(write_s=g * n * b, read_s=g * n * b, write_p=g * n * b, read_p=g * n * b)
+    flops = 4 * g * n * d
+    total = sum(components.values())
+    return {"components": components, "total": total, "flops": flops, "intensity": flops / total}
+
+
+def decode_attention_intensity(n: int, d: int, group: int = 1, dtype_bytes=2, fused: bool = True) -> float:
+    """FLOP per HBM byte of one decode step of attention (``decode_attention_traffic``): about ``group``
+    in 16-bit, far below any GPU's ridge, so decode attention is memory bound, fused or not."""
+    return decode_attention_traffic(n, d, group, dtype_bytes, fused)["intensity"]
 
 
 def roofline(gpu, intensity, dtype: str = "bf16"):

@@ -14,9 +14,9 @@ Two formulas cover every model here:
 ``PAGE_INPUTS`` and ``page_table`` reproduce a source page's own table so that
 the chapter can show where it follows from its formula and where it does not.
 ``capacity`` puts the pieces together: how many sequences of a given length
-fit on one or more GPUs once the weights and a workspace reserve are paid for;
-``GPUS`` holds each GPU's memory as the device reports it, with its source in
-``GPU_MEMORY_SOURCES``.
+fit on one or more GPUs once the weights and a workspace reserve are paid for.
+GPU memory comes from the book's one GPU registry, ``minillm.hardware.GPUS``
+(``GPUSpec.memory_bytes``: what the device reports, in bytes).
 """
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .hardware import GPUS
+
 GIB = 1024**3  # what the page divides by, and what nvidia-smi reports in
-GB = 10**9  # what parameter counts use; GPU vendors' "GB" is only a label (see GPUS)
+GB = 10**9  # what parameter counts use; GPU vendors' "GB" is only a label (minillm.hardware.GPUS)
 
 # Bytes per element. 4-bit formats pack two elements per byte, hence 0.5.
 DTYPE_BYTES: dict[str, float] = {
@@ -111,12 +113,25 @@ class ModelSpec:
     max_context: int
     source: str
     note: str = ""
+    sliding_window: int | None = None  # every layer attends to at most this many past tokens
+    checkpoint_dtype: str = "bf16"  # the dtype of the published weights
+
+    def cached_tokens(self, n_tokens) -> int:
+        """Tokens a cache must hold for a sequence of ``n_tokens``: all of them, or at most the sliding window
+        (a rolling cache drops what no layer can attend to any more)."""
+        n_tokens = _positive_int("n_tokens", n_tokens)
+        return n_tokens if self.sliding_window is None else min(n_tokens, self.sliding_window)
 
     def __post_init__(self):
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"{self.name}: attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
         for field in ("n_layers", "n_heads", "d_head", "max_context"):
             _positive_int(f"{self.name}: {field}", getattr(self, field))
+        if self.sliding_window is not None:
+            _positive_int(f"{self.name}: sliding_window", self.sliding_window)
+        if self.checkpoint_dtype not in DTYPE_BYTES:
+            raise ValueError(f"{self.name}: checkpoint_dtype must be one of {sorted(DTYPE_BYTES)}, "
+                             f"got {self.checkpoint_dtype!r}")
         params = self.n_params_b
         if isinstance(params, bool) or not isinstance(params, numbers.Real) or not params > 0:
             raise ValueError(f"{self.name}: n_params_b must be a positive number, got {self.n_params_b!r}")
@@ -167,15 +182,16 @@ def _hf(repo: str) -> str:
     return f"{repo} config.json on Hugging Face"
 
 
-def _gqa(name, family, n_params_b, n_layers, n_heads, n_kv_heads, d_head, max_context, source, note=""):
+def _gqa(name, family, n_params_b, n_layers, n_heads, n_kv_heads, d_head, max_context, source, note="", **extra):
     kind = "MHA" if n_kv_heads == n_heads else "MQA" if n_kv_heads == 1 else "GQA"
     return ModelSpec(name, family, kind, n_params_b, n_layers, n_heads, n_kv_heads, d_head, None, None,
-                     max_context, source, note)
+                     max_context, source, note, **extra)
 
 
-def _mla(name, family, n_params_b, n_layers, n_heads, d_head, kv_lora_rank, qk_rope_dim, max_context, source, note=""):
+def _mla(name, family, n_params_b, n_layers, n_heads, d_head, kv_lora_rank, qk_rope_dim, max_context, source, note="",
+         **extra):
     return ModelSpec(name, family, "MLA", n_params_b, n_layers, n_heads, None, d_head, kv_lora_rank, qk_rope_dim,
-                     max_context, source, note)
+                     max_context, source, note, **extra)
 
 
 _SPECS = [
@@ -190,8 +206,8 @@ _SPECS = [
          "the Instruct config.json has max_position_embeddings 32768; the model card gives 131072 with YaRN "
          "rope scaling, which is the context used here"),
     _gqa("Mistral 7B v0.1", "Mistral", 7.24, 32, 32, 8, 128, 32768, _hf("mistralai/Mistral-7B-v0.1"),
-         "config max_position_embeddings 32768; attention uses a 4096-token sliding window, so a rolling "
-         "cache can be capped at 4096 tokens"),
+         "config max_position_embeddings 32768; attention uses a 4096-token sliding window (sliding_window: "
+         "4096), so a rolling cache is capped at 4096 tokens", sliding_window=4096),
     _gqa("Mistral Large 2 123B", "Mistral", 123.0, 88, 96, 8, 128, 131072,
          _hf("mistralai/Mistral-Large-Instruct-2407")),
     _gqa("Falcon 7B", "Falcon", 6.92, 32, 71, 1, 64, 2048, _hf("tiiuae/falcon-7b"),
@@ -202,10 +218,12 @@ _SPECS = [
          "qk_nope_head_dim = v_head_dim = 128"),
     _mla("DeepSeek V3 671B", "DeepSeek", 671.0, 61, 128, 128, 512, 64, 163840, _hf("deepseek-ai/DeepSeek-V3"),
          "MoE, 37B active; 671B main model (the Hugging Face checkpoint is 685B with the multi-token-prediction "
-         "module); qk_nope_head_dim = v_head_dim = 128"),
+         "module); qk_nope_head_dim = v_head_dim = 128; weights published in FP8 (e4m3, 128x128 block scales)",
+         checkpoint_dtype="fp8"),
     _mla("Kimi K2 1T", "Kimi", 1040.0, 61, 64, 128, 512, 64, 131072, _hf("moonshotai/Kimi-K2-Instruct"),
          "MoE, 32B active; '1T' in the name, 1.04T in the technical report; DeepSeek V3's MLA geometry "
-         "with half the heads"),
+         "with half the heads; weights published in FP8 (block-quantized, as DeepSeek V3)",
+         checkpoint_dtype="fp8"),
 ]
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
 
@@ -251,38 +269,6 @@ def page_table(n_tokens=32_000) -> list[PageRow]:
         published = MODELS[name].kv_bytes(n_tokens, dtype_bytes=2) / GIB
         rows.append(PageRow(name, computed, PAGE_PRINTED_GIB[name], published))
     return rows
-
-
-# Memory per GPU in bytes, as the device reports it to CUDA (cudaDeviceProp::totalGlobalMem, which
-# torch.cuda.get_device_properties(i).total_memory returns): the most a program can allocate. The
-# marketing "GB" is a rounded label, not 10**9 bytes: HBM comes in binary-sized stacks (an "80 GB"
-# H100 SXM carries five 16 GiB stacks) of which the driver keeps a little, so an "80 GB" card reports
-# about 79.2 GiB (85.0e9 bytes). The figure moves by a few MiB between driver versions.
-GPUS: dict[str, int] = {
-    "T4": 15_843_721_216,
-    "L40S": 47_803_596_800,
-    "A100 40GB": 42_298_834_944,
-    "A100 80GB": 85_100_068_864,
-    "H100 SXM": 85_045_477_376,
-    "H200": 150_109_880_320,
-    "B200": round(178.35 * GIB),
-}
-GPU_MEMORY_SOURCES: dict[str, str] = {
-    "T4": "deviceQuery on a Tesla T4 (driver 11.0): 15110 MBytes (15843721216 bytes), "
-          "https://chiemon.github.io/2024/12/25/%E6%98%BE%E5%8D%A1%E4%BF%A1%E6%81%AF.html",
-    "L40S": "deviceQuery on an NVIDIA L40S (driver 12.4): 45589 MBytes (47803596800 bytes), "
-            "github.com/thamada/nvidia-smi nvsim/L40S_deviceQuery.py",
-    "A100 40GB": "deviceQuery on an NVIDIA A100-SXM4-40GB (driver 12.2): 40339 MBytes (42298834944 bytes), "
-                 "https://github.com/bottlerocket-os/bottlerocket/pull/3873",
-    "A100 80GB": "deviceQuery on an NVIDIA A100-SXM4-80GB (driver 12.5): 81158 MBytes (85100068864 bytes), "
-                 "github.com/thamada/nvidia-smi gls/A100SXMx4_deviceQuery.py",
-    "H100 SXM": "deviceQuery on an NVIDIA H100 80GB HBM3 (driver 12.7): 81106 MBytes (85045477376 bytes), "
-                "github.com/thamada/nvidia-smi nvsim/H100SXMx8_deviceQuery.py",
-    "H200": "recorded on this book's H200: total_memory_bytes in minillm/results/hardware_h200.json "
-            "(torch.cuda.get_device_properties(0).total_memory)",
-    "B200": "device query on an NVIDIA B200, to 0.01 GiB only: it prints 'Total Global Memory: 178.35 GB', "
-            "which is GiB (182631 MiB in torch's device properties), https://github.com/pytorch/ao/pull/4002",
-}
 
 
 def kv_bytes_per_gpu(model: ModelSpec, n_tokens, n_gpus, dtype_bytes=2, batch=1) -> int:
@@ -348,7 +334,8 @@ def capacity(model, gpu, context_len, weight_dtype="bf16", cache_dtype="fp16", a
              n_gpus=1, tensor_parallel=False) -> Capacity:
     """Sequences of ``context_len`` tokens whose KV cache fits after weights and reserve.
 
-    ``model``: a ModelSpec or a name in MODELS. ``gpu``: a name in GPUS or bytes per GPU.
+    ``model``: a ModelSpec or a name in MODELS. ``gpu``: a name in ``minillm.hardware.GPUS`` (its
+    ``memory_bytes``, what the device reports) or bytes per GPU.
     ``activation_reserve``: the fraction of GPU memory held back for activations and workspace.
     The weights are assumed spread evenly over ``n_gpus``. The cache:
 
@@ -370,7 +357,7 @@ def capacity(model, gpu, context_len, weight_dtype="bf16", cache_dtype="fp16", a
     if isinstance(gpu, str):
         if gpu not in GPUS:
             raise ValueError(f"unknown gpu {gpu!r}; known GPUs: {sorted(GPUS)}")
-        gpu_name, per_gpu = gpu, GPUS[gpu]
+        gpu_name, per_gpu = gpu, GPUS[gpu].memory_bytes
     else:
         per_gpu = _positive_int("gpu (bytes)", gpu)
         gpu_name = f"{per_gpu / GIB:.1f} GiB GPU"

@@ -12,7 +12,8 @@ import pytest
 
 from minillm import explorables
 from minillm.paged.cache import PagedKVCache
-from minillm.sizing import GPUS, MODELS, capacity
+from minillm.hardware import GPUS
+from minillm.sizing import MODELS, capacity
 from minillm.softmax import online_max_and_normalizer
 
 SCRIPT = [["add", "A"], ["append", "A", 6], ["add", "B"], ["append", "B", 3], ["fork", "A", "C"],
@@ -77,7 +78,7 @@ def test_explorables_save_the_arrays_their_javascript_reads():
     w = explorables.paged_allocator_explorable(12, 4, SCRIPT)
     assert w.script == SCRIPT and w.expected == {"A": [0, 1, 4], "C": [0, 3]}
     w = explorables.sizing_explorable()
-    assert [m["name"] for m in w.models] == list(MODELS) and w.gpus == GPUS
+    assert [m["name"] for m in w.models] == list(MODELS) and w.gpus == {name: g.memory_bytes for name, g in GPUS.items()}
     assert repr(w) == "<SizingExplorable: an offline explorable>"  # what nbval compares: no model id
 
 
@@ -108,7 +109,7 @@ def node_results(tmp_path_factory):
     x = np.random.default_rng(2).normal(size=23) * 5
     models = [{f: getattr(m, f) for f in explorables._MODEL_FIELDS} for m in MODELS.values()]
     inp = {"scores": x.tolist(), "tile": 4, "num_blocks": 12, "block_size": 4, "script": SCRIPT,
-           "models": models, "gpu_bytes": GPUS["H100 SXM"]}
+           "models": models, "gpu_bytes": GPUS["H100 SXM"].memory_bytes}
     res = subprocess.run([node, str(folder / "driver.mjs"), *paths], input=json.dumps(inp), capture_output=True,
                          text=True, check=True, timeout=60)
     return inp, json.loads(res.stdout)

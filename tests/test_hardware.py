@@ -265,3 +265,31 @@ def test_benchmark_formulas_agree_with_module(n):
     assert bench.flash_traffic_model(n, 128) == hw.flash_attention_traffic(n, 128, 128, 128, 2)["total"]
     # eager PyTorch moves each score matrix far more often than the textbook count (28 vs 8 bytes per score)
     assert bench.standard_traffic_eager(n, 128) - 4 * n * 128 * 2 == 28 * n * n
+
+
+def test_gpu_registry_memory_is_device_reported_with_labels_apart():
+    # One registry, one unit convention: memory_bytes is what the device reports (an "80 GB" H100: 79.2 GiB),
+    # the product's "GB" is a label (the old registry stored the label as 80e9 bytes).
+    h100, b200 = hw.GPUS["H100 SXM"], hw.GPUS["B200"]
+    assert h100.memory_bytes == 85_045_477_376 and h100.memory_label_gb == 80
+    assert round(h100.memory_bytes / hw.GiB, 1) == 79.2
+    assert b200.memory_label_announced_gb == 192 and b200.memory_label_gb == 180
+    assert round(b200.memory_bytes / hw.GiB, 2) == 178.35
+    assert {n for n, g in hw.GPUS.items() if g.memory_kind == "GDDR6"} == {"L40S", "T4"}
+    assert all(g.memory_kind.startswith("HBM") for n, g in hw.GPUS.items() if n not in ("L40S", "T4"))
+    assert all(g.memory_source for g in hw.GPUS.values())
+
+
+def test_decode_attention_is_memory_bound_fused_or_not():
+    # One query row per query head against n cached keys: about `group` FLOP/B in 16-bit, whatever n.
+    for g in (1, 4, 8, 16):
+        fused = hw.decode_attention_intensity(32_768, 128, g, 2)
+        unfused = hw.decode_attention_intensity(32_768, 128, g, 2, fused=False)
+        assert fused == pytest.approx(g, rel=0.01)
+        assert unfused < fused < hw.get_gpu("H200").ridge("bf16") / 10
+    t = hw.decode_attention_traffic(4096, 128, 8, 2)
+    assert t["flops"] == 4 * 8 * 4096 * 128
+    assert t["components"]["read_k"] == t["components"]["read_v"] == 4096 * 128 * 2
+    assert "write_s" in hw.decode_attention_traffic(4096, 128, 8, 2, fused=False)["components"]
+    with pytest.raises(ValueError):
+        hw.decode_attention_traffic(4096, 128, 0)

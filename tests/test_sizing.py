@@ -2,13 +2,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minillm import hardware
 from minillm.book import load_result
+from minillm.hardware import GPUS
 from minillm.sizing import (
     DTYPE_BYTES,
     GB,
     GIB,
-    GPU_MEMORY_SOURCES,
-    GPUS,
     MODELS,
     PAGE_INPUTS,
     PAGE_PRINTED_GIB,
@@ -270,7 +270,7 @@ def test_capacity_70b_bf16_weights_do_not_fit_one_h100():
 
 def test_capacity_accepts_spec_and_gpu_bytes():
     by_name = capacity("Llama 3.1 8B", "H100 SXM", 8192)
-    by_value = capacity(MODELS["Llama 3.1 8B"], float(GPUS["H100 SXM"]), 8192)
+    by_value = capacity(MODELS["Llama 3.1 8B"], float(GPUS["H100 SXM"].memory_bytes), 8192)
     assert by_value.max_sequences == by_name.max_sequences > 0
     assert "Llama 3.1 8B" in by_value.summary() and "79.2 GiB GPU" in by_value.summary()
 
@@ -282,14 +282,36 @@ def test_capacity_flags_context_beyond_model_maximum():
 
 def test_gpus_memory_is_what_the_device_reports_not_the_decimal_label():
     # An "80 GB" H100 reports 79.2 GiB to CUDA: more than 80e9 bytes, a little less than 80 GiB.
-    assert 80 * GB < GPUS["H100 SXM"] < 80 * GIB and round(GPUS["H100 SXM"] / GIB, 1) == 79.2
-    assert 80 * GB < GPUS["A100 80GB"] < 80 * GIB
-    assert 141 * GB < GPUS["H200"] < 141 * GIB
-    assert set(GPU_MEMORY_SOURCES) == set(GPUS) and all(GPU_MEMORY_SOURCES.values())
+    mem = {name: g.memory_bytes for name, g in GPUS.items()}
+    assert 80 * GB < mem["H100 SXM"] < 80 * GIB and round(mem["H100 SXM"] / GIB, 1) == 79.2
+    assert 80 * GB < mem["A100 80GB"] < 80 * GIB
+    assert 141 * GB < mem["H200"] < 141 * GIB
+    assert all(g.memory_source for g in GPUS.values())
 
 
 def test_gpus_h200_is_the_recorded_device_memory():
-    assert GPUS["H200"] == load_result("hardware_h200.json")["meta"]["total_memory_bytes"]
+    assert GPUS["H200"].memory_bytes == load_result("hardware_h200.json")["meta"]["total_memory_bytes"]
+
+
+def test_capacity_reads_the_one_gpu_registry():
+    # Chapters 2-4 once read two registries that disagreed (hardware: 80e9 bytes for an H100, sizing: 85.0e9).
+    import minillm.sizing as sizing
+
+    assert not hasattr(sizing, "GPU_MEMORY_SOURCES") and sizing.GPUS is hardware.GPUS
+    for name, g in hardware.GPUS.items():
+        assert capacity("Llama 3.1 8B", name, 1000).gpu_bytes == g.memory_bytes
+
+
+def test_sliding_window_caps_the_cached_tokens_and_checkpoint_dtype_is_recorded():
+    mistral = MODELS["Mistral 7B v0.1"]
+    assert mistral.sliding_window == 4096
+    assert mistral.cached_tokens(32_000) == 4096 and mistral.cached_tokens(1000) == 1000
+    assert MODELS["Llama 3.1 70B"].cached_tokens(32_000) == 32_000
+    assert {n for n, m in MODELS.items() if m.checkpoint_dtype == "fp8"} == {"DeepSeek V3 671B", "Kimi K2 1T"}
+    with pytest.raises(ValueError, match="sliding_window"):
+        _spec(sliding_window=0)
+    with pytest.raises(ValueError, match="checkpoint_dtype"):
+        _spec(checkpoint_dtype="fp7")
 
 
 def test_kv_bytes_per_gpu_splits_kv_heads_and_copies_the_rest():
