@@ -142,11 +142,11 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def rope_tables(positions: np.ndarray, d_head: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables, shape (N, d_head/2), for the given absolute positions."""
+def rope_tables(positions: np.ndarray, d_head: int, theta: float, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables, shape (N, d_head/2), for the given absolute positions (computed in float64, then ``dtype``)."""
     inv_freq = theta ** (-np.arange(0, d_head, 2, dtype=np.float64) / d_head)
     angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -190,12 +190,19 @@ def check_prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
 
 @dataclass
 class Model:
-    """The NumPy reference model. ``forward`` is pure given (params, ids, cache)."""
+    """The NumPy reference model. ``forward`` is pure given (params, ids, cache).
+
+    It computes in float32 (``dtype``), as the GPU models do. ``astype(np.float64)`` gives the same model in
+    float64: a chapter that needs the model's exact probabilities (to compare two samplers' distributions, say)
+    uses it, because float32 results differ in their last bits from one CPU to another (BLAS kernels and SIMD
+    ``exp`` are chosen by CPU feature) and float64's differences are a billion times smaller.
+    """
 
     config: ModelConfig
     params: dict[str, np.ndarray]
     attn_fn: object = field(default=standard_attention, repr=False)
     meta: dict = field(default_factory=dict, repr=False)
+    dtype: object = np.float32
 
     def __post_init__(self):
         expected = self.config.param_shapes()
@@ -206,17 +213,24 @@ class Model:
         for name, shape in expected.items():
             if tuple(self.params[name].shape) != shape:
                 raise ValueError(f"{name} has shape {self.params[name].shape}, config expects {shape}")
-        self.params = {k: np.asarray(v, dtype=np.float32) for k, v in self.params.items()}
+        if np.dtype(self.dtype) not in (np.float32, np.float64):
+            raise ValueError(f"Model computes in float32 or float64, got dtype {self.dtype!r}")
+        self.dtype = np.dtype(self.dtype)
+        self.params = {k: np.asarray(v, dtype=self.dtype) for k, v in self.params.items()}
+
+    def astype(self, dtype) -> "Model":
+        """The same model computing in ``dtype`` (float32 or float64); the parameters are copied."""
+        return Model(self.config, dict(self.params), self.attn_fn, dict(self.meta), dtype)
 
     def new_cache(self, batch: int = 1, capacity: int | None = None):
         from .kvcache import KVCache
 
-        return KVCache.allocate(self.config, batch=batch, capacity=capacity)
+        return KVCache.allocate(self.config, batch=batch, capacity=capacity, dtype=self.dtype)
 
     def forward(self, ids, cache=None, ops: StepOps | None = None, return_hidden: bool = False):
         """Logits for every input position.
 
-        ids: (N,) or (B, N) integer array. Returns (N, V) or (B, N, V) float32.
+        ids: (N,) or (B, N) integer array. Returns (N, V) or (B, N, V) in the model's dtype (float32).
         With ``cache``, the ids are the *new* positions starting at
         ``cache.length``; their K/V are written into the cache.
         With ``return_hidden=True`` it returns ``(logits, hidden)``: ``hidden`` (N, d_model) or
@@ -234,7 +248,7 @@ class Model:
         start = cache.length if cache is not None else 0
         if start + N > cfg.max_seq_len:
             raise ValueError(f"positions {start}..{start + N - 1} exceed max_seq_len={cfg.max_seq_len}")
-        cos, sin = rope_tables(np.arange(start, start + N), cfg.d_head, cfg.rope_theta)
+        cos, sin = rope_tables(np.arange(start, start + N), cfg.d_head, cfg.rope_theta, self.dtype)
         P = self.params
         hd = cfg.d_head
 

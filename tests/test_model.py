@@ -328,3 +328,26 @@ def test_forward_ragged_skips_padding_slots_and_rejects_bad_metadata(small_model
     with pytest.raises(ValueError, match="token ids"):
         m.forward_ragged(np.array([1, 2, 10**6]), np.arange(3), slots, bt, ctx, cu, k_pool, v_pool)
     np.testing.assert_array_equal(k_pool, before)
+
+
+def test_model_astype_float64_computes_in_float64_and_matches_float32():
+    from minillm.model import load_model
+
+    m32 = load_model("tiny")
+    m64 = m32.astype(np.float64)
+    ids = np.arange(1, 40) % m32.config.vocab_size
+    l32, l64 = m32.forward(ids), m64.forward(ids)
+    assert l32.dtype == np.float32 and l64.dtype == np.float64
+    assert m32.params["lm_head"].dtype == np.float32  # the original is untouched
+    np.testing.assert_allclose(l64, l32, rtol=0, atol=1e-3)
+    assert np.abs(l64 - l32).max() > 0  # really a different precision
+    cache = m64.new_cache()
+    step = np.concatenate([m64.forward(ids[:30], cache=cache), m64.forward(ids[30:], cache=cache)])
+    np.testing.assert_allclose(step, l64, rtol=0, atol=1e-9)  # the cache keeps float64 K/V
+
+
+def test_model_unsupported_dtype_raises():
+    from minillm.model import load_model
+
+    with pytest.raises(ValueError, match="float32 or float64"):
+        load_model("tiny").astype(np.float16)
