@@ -1,6 +1,7 @@
 # Two commands, from a fresh clone, with no GPU:
 #   make book   build the website into _build/html (warnings are errors)
-#   make test   unit tests + strict nbval over every chapter + every chapter run from the installed wheel
+#   make test   unit tests + strict nbval over every chapter + the same from the installed wheel on an older
+#               CPU feature set + the wheel installed from the package index (install-test)
 #               + the site rendered in headless Chromium
 PYTHON ?= python3
 VENV   ?= .venv
@@ -38,7 +39,8 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	$(PY) -m pytest -q --nbval intro.ipynb chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
 
-# Every chapter executed from the installed wheel, in a folder outside the clone.
+# Every chapter run from the installed wheel, in a folder outside the clone, under strict nbval with NumPy's
+# AVX-512/AVX2/FMA3/F16C paths switched off: the stored outputs checked on a second set of CPU features.
 wheel-test: $(STAMP)
 	$(PY) tools/run_from_wheel.py $(CHAPTERS)
 

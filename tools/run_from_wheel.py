@@ -1,47 +1,62 @@
-"""Execute every chapter from an installed wheel, in a folder outside the clone (no ../ paths, no checkout).
+"""Run every chapter from an installed wheel, in a folder outside the clone, on a second set of CPU features.
 
     python tools/run_from_wheel.py chapters/*.ipynb
 
 Builds the wheel, installs it (no dependencies: the running environment provides them) into a temporary
-folder that goes first on PYTHONPATH, copies only the notebooks into another temporary folder, and runs
-each there with nbclient. A first cell checks that ``minillm`` really is the installed copy. Exits non-zero
-if any chapter raises.
+folder that goes first on PYTHONPATH, copies only the notebooks into another temporary folder, and runs them
+there under strict nbval: every stored output must come out the same. A first cell, inserted in each copy,
+checks that ``minillm`` really is the installed copy and that no checkout is next to it.
+
+The run also switches off NumPy's AVX-512, AVX2, FMA3 and F16C code paths (``NPY_DISABLE_CPU_FEATURES``; the
+arm64 half-precision ones too, names NumPy does not know on a CPU are ignored) and runs OpenBLAS's Sandy Bridge
+kernels (``OPENBLAS_CORETYPE``). So CI checks the stored outputs on two CPU feature sets, the machine's own
+(``make notebooks``) and an older x86-64's (here): an output that depends on the SIMD path fails one of them.
+Exits non-zero if any cell fails.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-work = Path(tempfile.mkdtemp(prefix="minillm-wheel-"))
-subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                str(work / "dist"), str(ROOT)], check=True)
-wheel = next((work / "dist").glob("minillm-*.whl"))
-site = work / "site"
-subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
-               check=True)
-book = work / "book"
-book.mkdir()
-os.environ["PYTHONPATH"] = str(site) + os.pathsep + os.environ.get("PYTHONPATH", "")
-check = (f"import minillm\nassert minillm.__file__.startswith({str(site)!r}), minillm.__file__\n"
-         f"from pathlib import Path\nassert not (Path(minillm.__file__).parents[1] / 'benchmarks').exists()")
-passed, failed = 0, 0
-for name in sys.argv[1:]:
-    src = Path(name)
-    nb = nbformat.read(src, as_version=4)
-    nb.cells.insert(0, nbformat.v4.new_code_cell(check))
-    t = time.perf_counter()
-    try:
-        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(book)}}).execute()
-        passed += 1
-        print(f"ok     {src.name} from {wheel.name} ({time.perf_counter() - t:.0f} s)", flush=True)
-    except Exception as e:  # noqa: BLE001 - report every chapter, then fail
-        failed += 1
-        print(f"FAILED {src.name}: {type(e).__name__}: {str(e)[-600:]}", flush=True)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+
+# NumPy's dispatched x86-64 features above SSE4.2 and arm64's above ASIMD (NumPy ignores the names it does not know)
+OLD_CPU = {
+    "NPY_DISABLE_CPU_FEATURES": "AVX512_SPR AVX512_ICL AVX512_CNL AVX512_CLX AVX512_SKX AVX512_KNM AVX512_KNL "
+                                "AVX512CD AVX512F AVX2 FMA3 F16C ASIMDHP ASIMDDP ASIMDFHM",
+    "OPENBLAS_CORETYPE": "Sandybridge",
+}
+
+
+def main(notebooks: list[str]) -> int:
+    work = Path(tempfile.mkdtemp(prefix="minillm-wheel-"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(work / "dist"), str(ROOT)], check=True)
+    wheel = next((work / "dist").glob("minillm-*.whl"))
+    site = work / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True)
+    book = work / "book"
+    book.mkdir()
+    check = (f"import minillm\nassert minillm.__file__.startswith({str(site)!r}), minillm.__file__\n"
+             f"from pathlib import Path\nassert not (Path(minillm.__file__).parents[1] / 'benchmarks').exists()")
+    for name in notebooks:
+        nb = nbformat.read(name, as_version=4)
+        nb.cells.insert(0, nbformat.v4.new_code_cell(check))
+        nbformat.write(nb, book / Path(name).name)
+    shutil.copy(ROOT / "nbval_sanitize.cfg", book / "nbval_sanitize.cfg")
+    env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""), **OLD_CPU)
+    print(f"strict nbval from {wheel.name} in {book}, with {' '.join(f'{k}={v!r}' for k, v in OLD_CPU.items())}",
+          flush=True)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval", *sorted(p.name for p in book.glob("*.ipynb")),
+                           "--nbval-sanitize-with", "nbval_sanitize.cfg", "--nbval-current-env",
+                           "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "--rootdir", str(book)],
+                          cwd=book, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
