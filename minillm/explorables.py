@@ -397,5 +397,6 @@ def sizing_explorable(model: str = "Llama 3.1 70B", context: int = 32_000, batch
         print(cap.summary())
         return None
     models = [{f: getattr(m, f) for f in _MODEL_FIELDS} for m in MODELS.values()]
-    return cls(models=models, gpus={name: g.memory_bytes for name, g in GPUS.items()}, dtypes={d: DTYPE_BYTES[d] for d in _DTYPES}, model=model,
+    gpus = {name: g.memory_bytes for name, g in GPUS.items()}  # what each device reports, in bytes
+    return cls(models=models, gpus=gpus, dtypes={d: DTYPE_BYTES[d] for d in _DTYPES}, model=model,
                context=int(context), batch=int(batch), gpu=gpu, n_gpus=int(n_gpus), reserve=float(reserve))

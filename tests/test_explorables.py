@@ -78,7 +78,8 @@ def test_explorables_save_the_arrays_their_javascript_reads():
     w = explorables.paged_allocator_explorable(12, 4, SCRIPT)
     assert w.script == SCRIPT and w.expected == {"A": [0, 1, 4], "C": [0, 3]}
     w = explorables.sizing_explorable()
-    assert [m["name"] for m in w.models] == list(MODELS) and w.gpus == {name: g.memory_bytes for name, g in GPUS.items()}
+    assert [m["name"] for m in w.models] == list(MODELS)
+    assert w.gpus == {name: g.memory_bytes for name, g in GPUS.items()}
     assert repr(w) == "<SizingExplorable: an offline explorable>"  # what nbval compares: no model id
 
 
