@@ -10,7 +10,7 @@ The same rescaling merges any two partial results of attention computed over
 disjoint sets of keys. A partial is (m, l, o): the max score, the sum of
 exp(score - m), and the *unnormalized* output sum(exp(score - m) * v). Merging is
 associative and commutative up to rounding, so keys can be split any way, processed in any
-order (or on different GPUs, as split-K decoding does), and combined exactly.
+order (or on different GPUs, as split-K decoding does), and combined into the same result.
 """
 from __future__ import annotations
 
@@ -114,7 +114,8 @@ def partial_attention(scores, v) -> Partial:
 
 
 def merge(a: Partial, b: Partial) -> Partial:
-    """Combine two partials over disjoint key sets. Associative and commutative up to rounding (the result can differ in its last bits with the order)."""
+    """Combine two partials over disjoint key sets. Associative and commutative up to rounding: another order
+    can change the result's last bits."""
     # BEGIN SOLUTION
     m = np.maximum(a.m, b.m)
     safe = np.where(np.isfinite(m), m, 0.0)
