@@ -35,7 +35,7 @@ class TemperatureSampler:
 # whatever else shares its batch. So the randomness is not drawn from a generator whose state depends on
 # the batch: the uniform for (seed, step, token id) is a fixed hash of those three numbers, and the draw is
 # Gumbel-max: argmax(z + g) with g = -log(-log u) picks token i with probability softmax(z)_i. The same
-# hash runs in torch on the GPU (minillm.serving.torch_runner), with no host sync per row.
+# hash runs in torch on the GPU (minillm.torch_sampling), with no host sync per row.
 
 _M32 = 0xFFFFFFFF
 SEED_LIMIT = _M32 + 1  # seeds (and steps) are hashed as 32-bit integers: they must lie in [0, SEED_LIMIT)
@@ -141,15 +141,55 @@ def shaped_probs(logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.
     return e / e.sum(axis=1, keepdims=True)
 
 
+def verify_probs(p, q, drafts, u_accept, resample, rows=None):
+    """The rejection rule of speculative sampling on probability rows, its randomness supplied by the caller:
+    the one implementation behind :func:`verify_batch` (the engine) and :func:`minillm.speculative.verify`
+    (chapter 9's batch-1 loop), which differ only in where their uniforms come from.
+
+    ``p`` (P, V) target distributions; ``q`` (P, V) the drafter's, or None for one-hot drafts (prompt
+    lookup); ``drafts`` (R,) one draft token per trial, each checked against row ``rows[t]`` of p and q
+    (default: trial t against row t); ``u_accept`` (R,) uniforms in [0, 1).
+
+    Trial t keeps its draft d when ``u_accept[t] * q(d) < p(d)``: with probability min(1, p(d) / q(d)), and
+    no division, so q(d) = 0 is safe. Otherwise its token is a draw from the residual normalize(max(p - q, 0))
+    (for a one-hot draft: p with d removed), which never returns d. The residuals are computed once per
+    distinct one (per row; per row and draft token for one-hot drafts), and ``resample(r, group, trials)``
+    draws: ``r`` (G, V) the unnormalized residuals, ``group[i]`` the residual of rejected trial ``trials[i]``;
+    it returns one token per rejected trial. Returns (accepted (R,) bool, tokens (R,) int64).
+    """
+    p = np.asarray(p, np.float64)
+    V = p.shape[1]
+    d = np.asarray(drafts, np.int64)
+    rows = np.arange(d.size) if rows is None else np.asarray(rows, np.int64)
+    if q is not None:
+        q = np.asarray(q, np.float64)
+    pd = p[rows, d]
+    qd = np.ones_like(pd) if q is None else q[rows, d]
+    accept = u_accept * qd < pd
+    tokens = d.copy()
+    trials = np.flatnonzero(~accept)
+    if trials.size:
+        key = rows[trials] if q is not None else rows[trials] * V + d[trials]
+        uniq, group = np.unique(key, return_inverse=True)
+        if q is not None:
+            r = np.maximum(p[uniq] - q[uniq], 0.0)
+        else:
+            r = p[uniq // V].copy()
+            r[np.arange(uniq.size), uniq % V] = 0.0
+        tokens[trials] = resample(r, group.reshape(-1), trials)
+    return accept, tokens
+
+
 def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds, steps) -> np.ndarray:
     """One token per row of target logits, for rows that carry a draft token (``drafts[r] >= 0``) or not.
 
     * A row without a draft samples as :func:`sample_batch` does.
     * A greedy row returns the target's argmax (the scheduler accepts a draft that equals it).
     * Otherwise the draft d is accepted (the row returns d) with probability min(1, p(d) / q(d)); if it is
-      rejected the row returns a sample from normalize(max(p - q, 0)), which never equals d. ``q`` holds the
-      drafter's shaped probabilities per row, or is None for drafts without probabilities (prompt lookup),
-      which count as one-hot: accepted with probability p(d).
+      rejected the row returns a sample from normalize(max(p - q, 0)), which never equals d
+      (:func:`verify_probs`, with the request's ACCEPT stream for the test and a Gumbel-max draw from its
+      RESIDUAL stream). ``q`` holds the drafter's shaped probabilities per row, or is None for drafts
+      without probabilities (prompt lookup), which count as one-hot: accepted with probability p(d).
 
     So the scheduler's rule -- keep the drafts equal to their row's token, then take the next row's token --
     emits exactly the target distribution (chapter 9's proof), and each row depends only on its own
@@ -165,23 +205,16 @@ def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds
         return out
     pick = lambda a: _pick(a, R, rows)  # noqa: E731
     p = shaped_probs(z[rows], t[rows], pick(top_k), pick(top_p))
-    d = drafts[rows]
-    idx = np.arange(rows.size)
-    if q is None:
-        qd = np.ones(rows.size)
-        r = p.copy()
-        r[idx, d] = 0.0
-    else:
-        qr = np.asarray(q, np.float64)[rows]
-        qd = qr[idx, d]
-        r = np.maximum(p - qr, 0.0)
-    seeds, steps = pick(seeds), pick(steps)
-    u = counter_uniform(sub_seed(np.asarray(seeds, np.int64), ACCEPT), steps, 1)[:, 0]
-    accept = u * qd < p[idx, d]
-    g = -np.log(-np.log(counter_uniform(sub_seed(np.asarray(seeds, np.int64), RESIDUAL), steps, V)))
-    with np.errstate(divide="ignore"):
-        resid = np.argmax(np.log(r) + g, axis=1)
-    out[rows] = np.where(accept, d, resid)
+    seeds, steps = np.asarray(pick(seeds), np.int64), pick(steps)
+    u = counter_uniform(sub_seed(seeds, ACCEPT), steps, 1)[:, 0]
+    g = -np.log(-np.log(counter_uniform(sub_seed(seeds, RESIDUAL), steps, V)))
+
+    def gumbel_max(r, group, trials):            # each rejected row draws from its residual, its own stream
+        with np.errstate(divide="ignore"):
+            return np.argmax(np.log(r[group]) + g[trials], axis=1)
+
+    out[rows] = verify_probs(p, None if q is None else np.asarray(q, np.float64)[rows], drafts[rows], u,
+                             gumbel_max)[1]
     return out
 
 

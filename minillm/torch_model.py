@@ -64,6 +64,7 @@ class TorchModel(nn.Module):
         half = config.d_head // 2
         inv_freq = config.rope_theta ** (-torch.arange(0, half, dtype=torch.float64) * 2 / config.d_head)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.fused = False          # fuse_projections() was called: each layer has wqkv and w_gate_up
 
     # ---- weights in and out, in the NumPy checkpoint's names
     @classmethod
@@ -126,6 +127,7 @@ class TorchModel(nn.Module):
         for blk in self.layers:
             blk.register_buffer("wqkv", torch.cat([blk.wq, blk.wk, blk.wv], dim=1).contiguous(), persistent=False)
             blk.register_buffer("w_gate_up", torch.cat([blk.w_gate, blk.w_up], dim=1).contiguous(), persistent=False)
+        self.fused = True
 
     def rope_at(self, positions: torch.Tensor):
         """cos/sin tables (T, d_head/2) for arbitrary per-token positions (computed in float64, as NumPy)."""
@@ -133,13 +135,14 @@ class TorchModel(nn.Module):
         return ang.cos().float(), ang.sin().float()
 
     def forward_ragged(self, ids, positions, slot_mapping, block_tables, context_lens, cu_seqlens_q,
-                       k_pool, v_pool, attn_fn, logits_idx=None) -> torch.Tensor:
+                       k_pool, v_pool, attn_fn, logits_rows=None) -> torch.Tensor:
         """``Model.forward_ragged`` in torch: one serving step over a paged pool; returns (rows, V) logits.
 
         All arguments are tensors on one device; nothing here reads them on the host, so the call can
         be captured in a CUDA graph. ``slot_mapping`` must be valid slots (the runner sends padded rows
         to a spare block). ``attn_fn(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)``
-        is the paged attention to use; ``logits_idx`` the rows to project (default: every row).
+        is the paged attention to use; ``logits_rows`` the rows to project (default: every row; the NumPy
+        model's default is each sequence's last row).
         """
         cfg = self.config
         T = ids.shape[0]
@@ -152,7 +155,7 @@ class TorchModel(nn.Module):
         x = self.tok_emb[ids]
         for i, blk in enumerate(self.layers):
             h = _rms(x, blk.attn_norm, cfg.norm_eps)
-            if hasattr(blk, "wqkv"):          # one product instead of three (fuse_projections)
+            if self.fused:                    # one product instead of three (fuse_projections)
                 q, k, v = (h @ blk.wqkv).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
             else:
                 q, k, v = h @ blk.wq, h @ blk.wk, h @ blk.wv
@@ -164,13 +167,13 @@ class TorchModel(nn.Module):
             a = attn_fn(q.to(k_pool.dtype), k_pool[i], v_pool[i], block_tables, context_lens, cu_seqlens_q)
             x = x + a.reshape(T, H * hd).to(x.dtype) @ blk.wo
             h = _rms(x, blk.mlp_norm, cfg.norm_eps)
-            if hasattr(blk, "w_gate_up"):
+            if self.fused:
                 gate, up = (h @ blk.w_gate_up).chunk(2, dim=-1)
             else:
                 gate, up = h @ blk.w_gate, h @ blk.w_up
             x = x + (F.silu(gate) * up) @ blk.w_down
-        if logits_idx is not None:
-            x = x[logits_idx]
+        if logits_rows is not None:
+            x = x[logits_rows]
         return _rms(x, self.norm, cfg.norm_eps) @ self.lm_head
 
 
@@ -193,11 +196,11 @@ def torch_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
     return out
 
 
-class TorchRunner:
-    """Adapts a TorchModel to the NumPy-in, NumPy-out interface the decoders use.
-
-    ``naive_decode(TorchRunner(m), ...)`` and ``cached_decode(TorchRunner(m), ...)``
-    then run the exact same decode loops on a GPU (or on CPU torch).
+class TorchDecodeAdapter:
+    """A TorchModel behind the NumPy model's interface (token ids in, NumPy logits out, ``new_cache``), so the
+    decode loops drive it: ``naive_decode(TorchDecodeAdapter(m), ...)`` and ``cached_decode(...)`` run the exact
+    same loops on a GPU (or on CPU torch). Not a serving runner: that is
+    :class:`minillm.serving.torch_runner.TorchRunner`, which executes the engine's scheduled steps.
     """
 
     def __init__(self, model: TorchModel, device=None, dtype=torch.float32):
@@ -224,3 +227,6 @@ class TorchRunner:
             logits = self.model(t, cache=cache, ops=ops)
         out = logits.float().cpu().numpy()
         return out[0] if squeeze else out
+
+
+TorchRunner = TorchDecodeAdapter   # its old name, kept for chapters 6 and 10 until they import the new one

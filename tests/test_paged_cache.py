@@ -454,3 +454,60 @@ def test_truncate_rejects_bad_lengths(rng, bad):
         cache.truncate("a", bad)
     with pytest.raises(KeyError):
         cache.truncate("nope", 0)
+
+
+# -- one prefix cache for chapter 7's PagedKVCache and the serving engine's BlockManager ----------------------
+
+
+def test_paged_cache_and_block_manager_share_one_prefix_cache_and_agree_block_for_block():
+    """Both used to keep their own hash maps and eviction code (and their own invariant check). Now both hold a
+    minillm.paged.prefix_cache.PrefixCache: served the same requests (admit with the cached prefix, compute the
+    rest, finish), they hand out the same blocks, hit the same prefixes and name the same blocks."""
+    from minillm.paged.prefix_cache import PrefixCache
+    from minillm.serving import BlockManager, SamplingParams, Sequence
+
+    rng = np.random.default_rng(5)
+    bs, n_blocks = 4, 12
+    cache, bm = PagedKVCache(L, H, D, num_blocks=n_blocks, block_size=bs), BlockManager(n_blocks, bs)
+    assert type(cache.prefix_cache) is PrefixCache and type(bm.prefix_cache) is PrefixCache
+    stem = [int(t) for t in rng.integers(0, 50, 9)]
+    prompts = [stem + [int(t) for t in rng.integers(0, 50, n)] for n in (3, 6, 1, 9, 2, 5, 7)]
+    live = []
+    for i, prompt in enumerate(prompts):
+        if len(live) == 2:                                   # finish the oldest: its blocks stay revivable
+            old = live.pop(0)
+            cache.release(old.seq_id)
+            bm.free(old)
+        # chapter 7's cache: look up prompt[:-1], start on those blocks, append the rest with their tokens
+        prefix = cache.lookup_prefix(prompt[:-1])
+        start = cache.add_sequence(i, prefix)
+        k, v = fake_kv(prompt)
+        cache.append(i, k[:, start:], v[:, start:], tokens=prompt[start:])
+        # the engine's block manager: match_prefix, allocate the rest, register the full blocks once computed
+        seq = Sequence(i, prompt, SamplingParams())
+        hit = bm.match_prefix(seq)
+        bm.allocate(seq, len(prompt))
+        seq.num_computed = len(prompt)
+        bm.register(seq)
+        live.append(seq)
+        assert hit == start and seq.block_table == cache.block_tables[i], i
+        assert bm.prefix_cache._block == cache.prefix_cache._block        # the same names for the same blocks
+        cache.check_invariants()
+        bm.check_invariants(live)
+    assert len(bm.prefix_cache) > 2 and bm.prefix_hit_tokens > 0
+
+
+def test_prefix_cache_check_finds_a_name_that_points_nowhere():
+    from minillm.serving import BlockManager, SamplingParams, Sequence
+    bm = BlockManager(4, 2)
+    seq = Sequence(0, [1, 2, 3, 4, 5], SamplingParams())
+    bm.match_prefix(seq)
+    bm.allocate(seq, 5)
+    seq.num_computed = 4
+    bm.register(seq)
+    bm.check_invariants([seq])
+    bm.prefix_cache._key.pop(seq.block_table[0])
+    with pytest.raises(AssertionError, match="prefix cache maps a hash to block 0"):
+        bm.check_invariants([seq])
+    with pytest.raises(AssertionError, match="block 0 has refcount 1 but 0"):
+        bm.check_invariants([])

@@ -51,11 +51,11 @@ def test_paged_model_cache_with_triton_kernels_matches_numpy(tiny_model):
     from minillm.kernels.flash_attention import flash_attention
     from minillm.kernels.paged_attention import paged_attention
     from minillm.paged.allocator import BlockAllocator
-    from minillm.torch_model import TorchModel, TorchRunner
+    from minillm.torch_model import TorchDecodeAdapter, TorchModel
 
     cfg = tiny_model.config
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    runner = TorchRunner(TorchModel.from_numpy(cfg, tiny_model.params), device=device)
+    runner = TorchDecodeAdapter(TorchModel.from_numpy(cfg, tiny_model.params), device=device)
     shape = (cfg.n_layers, 16, 16, cfg.n_kv_heads, cfg.d_head)
     cache = PagedModelCache(torch.zeros(shape, device=device), torch.zeros(shape, device=device), BlockAllocator(16, 16),
                             paged_fn=paged_attention, dense_fn=flash_attention,

@@ -9,9 +9,9 @@ the same test.
 import numpy as np
 import pytest
 
-from minillm.sampling import (ACCEPT, DRAFT, RESIDUAL, counter_uniform, draft_batch, sample_batch, shaped_probs,
-                              sub_seed, verify_batch)
-from minillm.speculative import chi_square_gof
+from minillm.sampling import (ACCEPT, DRAFT, RESIDUAL, counter_uniform, draft_batch, sample_batch,
+                              shaped_probs, sub_seed, verify_batch, verify_probs)
+from minillm.speculative import chi_square_gof, residual, sample_probs, verify
 
 N = 100_000
 V = 8
@@ -139,3 +139,141 @@ def test_counter_uniform_rejects_seeds_and_steps_outside_32_bits():
             counter_uniform(np.array([seed]), np.array([step]), 4)
     with pytest.raises(ValueError, match="seed"):
         sample_batch(np.zeros((1, 4)), 1.0, 0, 1.0, np.array([2**32 + 7]), np.array([0]))
+
+
+# --------------------------------------------------------------------------- one verifier, the same draws
+# verify_batch and speculative.verify now share sampling.verify_probs (the rejection rule). The two functions
+# below are their implementations before that change, kept to prove every token is unchanged (the engine's
+# seeded outputs, and chapter 9's 200,000 draws through speculative.verify).
+
+
+def _pick(a, n: int, rows):
+    return None if a is None else np.broadcast_to(np.asarray(a), (n,))[rows]
+
+
+def _verify_batch_before(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds, steps) -> np.ndarray:
+    z = np.atleast_2d(np.asarray(logits, np.float64))
+    R, V = z.shape
+    drafts = np.asarray(drafts, np.int64)
+    out = sample_batch(z, temperature, top_k, top_p, seeds, steps)
+    t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))
+    rows = np.flatnonzero((drafts >= 0) & (t > 0))
+    if rows.size == 0:
+        return out
+    pick = lambda a: _pick(a, R, rows)  # noqa: E731
+    p = shaped_probs(z[rows], t[rows], pick(top_k), pick(top_p))
+    d = drafts[rows]
+    idx = np.arange(rows.size)
+    if q is None:
+        qd = np.ones(rows.size)
+        r = p.copy()
+        r[idx, d] = 0.0
+    else:
+        qr = np.asarray(q, np.float64)[rows]
+        qd = qr[idx, d]
+        r = np.maximum(p - qr, 0.0)
+    seeds, steps = pick(seeds), pick(steps)
+    u = counter_uniform(sub_seed(np.asarray(seeds, np.int64), ACCEPT), steps, 1)[:, 0]
+    accept = u * qd < p[idx, d]
+    g = -np.log(-np.log(counter_uniform(sub_seed(np.asarray(seeds, np.int64), RESIDUAL), steps, V)))
+    with np.errstate(divide="ignore"):
+        resid = np.argmax(np.log(r) + g, axis=1)
+    out[rows] = np.where(accept, d, resid)
+    return out
+
+
+def _verify_before(p_rows, q_rows, draft_tokens, rng):
+    p_rows = np.asarray(p_rows, np.float64)
+    d = np.asarray(draft_tokens, np.int64)
+    single = d.ndim == 1
+    d = np.atleast_2d(d) if d.size else d.reshape(1 if single else d.shape[0], 0)
+    N, k = d.shape
+    if p_rows.ndim != 2 or p_rows.shape[0] != k + 1:
+        raise ValueError(f"p_rows must be (k+1, V) = ({k + 1}, V), got {p_rows.shape}")
+    V = p_rows.shape[1]
+    if q_rows is not None:
+        q_rows = np.asarray(q_rows, np.float64)
+        if q_rows.shape != (k, V):
+            raise ValueError(f"q_rows must be (k, V) = ({k}, {V}), got {q_rows.shape}")
+    if d.size and (d.min() < 0 or d.max() >= V):
+        raise ValueError(f"draft tokens must lie in [0, {V})")
+
+    u = rng.random((N, k))
+    u_next = rng.random(N)
+    pos = np.arange(k)
+    pd = p_rows[pos, d]                                        # (N, k) p_i(d_i)
+    qd = np.ones_like(pd) if q_rows is None else q_rows[pos, d]
+    accept = u * qd < pd
+    n_acc = np.where(accept.all(axis=1), k, np.argmin(accept, axis=1)) if k else np.zeros(N, np.int64)
+
+    nxt = np.empty(N, np.int64)
+    for i in range(k + 1):
+        rows = np.flatnonzero(n_acc == i)
+        if rows.size == 0:
+            continue
+        if i == k:                                            # every draft accepted: bonus token from p_k
+            nxt[rows] = sample_probs(p_rows[k], u_next[rows])
+            continue
+        # rejected at position i: resample from max(p_i - q_i, 0). One-hot drafts have a residual that depends
+        # on the draft itself (p_i with d_i removed), so group the trials by their draft token.
+        groups = [(rows, q_rows[i])] if q_rows is not None else [
+            (rows[d[rows, i] == t], np.eye(1, V, t)[0]) for t in np.unique(d[rows, i])]
+        for r_idx, q in groups:
+            res = residual(p_rows[i], q)
+            # res is None only when p == q up to rounding; the rejection branch then has measure ~0 (it needs
+            # u * q(d) >= p(d) with p(d) == q(d)), so falling back to p leaves the distribution unchanged.
+            nxt[r_idx] = sample_probs(p_rows[i] if res is None else res, u_next[r_idx])
+    if single:
+        return int(n_acc[0]), int(nxt[0])
+    return n_acc.astype(np.int64), nxt
+
+
+@pytest.mark.parametrize("with_q", [True, False])
+def test_verify_batch_draws_the_tokens_it_drew_before_sharing_verify_probs(with_q):
+    rng = np.random.default_rng(11)
+    R, V = 300, 40
+    logits = rng.normal(size=(R, V)) * 3
+    drafts = np.where(rng.random(R) < 0.8, rng.integers(0, V, R), -1)
+    q = rng.dirichlet(np.full(V, 0.5), R) if with_q else None
+    t = np.where(rng.random(R) < 0.2, 0.0, rng.uniform(0.5, 1.5, R))
+    k = np.where(rng.random(R) < 0.5, rng.integers(0, 10, R), 0)
+    p = np.where(rng.random(R) < 0.5, rng.uniform(0.3, 1.0, R), 1.0)
+    seeds, steps = rng.integers(0, 2**31, R), rng.integers(0, 500, R)
+    got = verify_batch(logits, drafts, q, t, k, p, seeds, steps)
+    np.testing.assert_array_equal(got, _verify_batch_before(logits, drafts, q, t, k, p, seeds, steps))
+    assert (got != np.where(drafts >= 0, drafts, -2)).any() and (got == drafts).any()   # both branches ran
+
+
+@pytest.mark.parametrize("k, with_q, V", [(0, False, 7), (1, True, 259), (1, False, 7), (3, True, 11),
+                                         (3, False, 5), (2, True, 3)])
+def test_speculative_verify_draws_what_it_drew_before_it_wrapped_verify_probs(k, with_q, V):
+    """Same Generator, same uniforms consumed, same inverse-CDF draws: identical (n_accepted, next) for every
+    trial, batched (chapter 9's first-token test) and single (speculative_decode)."""
+    rng = np.random.default_rng(k * 100 + V)
+    p_rows = rng.dirichlet(np.full(V, 0.6), k + 1)
+    q_rows = rng.dirichlet(np.full(V, 0.6), k) if with_q else None
+    if with_q and k >= 2:
+        q_rows[1] = p_rows[1]                          # p == q: no residual mass at that position
+    drafts = rng.integers(0, V, (20_000, k))
+    new, old = verify(p_rows, q_rows, drafts, np.random.default_rng(5)), \
+        _verify_before(p_rows, q_rows, drafts, np.random.default_rng(5))
+    np.testing.assert_array_equal(new[0], old[0])
+    np.testing.assert_array_equal(new[1], old[1])
+    for seed in range(20):
+        assert verify(p_rows, q_rows, drafts[seed], np.random.default_rng(seed)) == \
+            _verify_before(p_rows, q_rows, drafts[seed], np.random.default_rng(seed))
+
+
+def test_verify_probs_groups_residuals_and_never_returns_a_rejected_draft():
+    p = np.array([[0.5, 0.5, 0.0], [0.1, 0.2, 0.7]])
+    calls = []
+
+    def first(r, group, trials):
+        calls.append((r.copy(), group.copy(), trials.copy()))
+        return np.argmax(r[group], axis=1)
+    acc, tok = verify_probs(p, None, np.array([0, 0, 2, 1]), np.array([0.9, 0.1, 0.99, 0.5]), first,
+                            rows=np.array([0, 0, 1, 1]))
+    assert acc.tolist() == [False, True, False, False]
+    r, group, trials = calls[0]
+    assert trials.tolist() == [0, 2, 3] and r.shape == (3, 3)        # one residual per (row, draft)
+    assert tok.tolist() == [1, 0, 1, 2] and all(tok[t] != d for t, d in zip(trials, [0, 2, 1]))

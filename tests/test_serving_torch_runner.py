@@ -8,8 +8,11 @@ from minillm.decode import cached_decode  # noqa: E402
 from minillm.sampling import counter_uniform as np_uniform  # noqa: E402
 from minillm.sampling import sample_batch  # noqa: E402
 from minillm.serving import LLMEngine, SamplingParams, SchedulerConfig  # noqa: E402
-from minillm.serving.torch_runner import (TorchRunner, counter_uniform, draft_on_device,  # noqa: E402
-                                          sample_on_device, verify_on_device)
+from minillm.serving.torch_runner import TorchRunner  # noqa: E402
+from minillm.torch_sampling import counter_uniform  # noqa: E402
+from minillm.torch_sampling import draft_batch as draft_on_device  # noqa: E402
+from minillm.torch_sampling import sample_batch as sample_on_device  # noqa: E402
+from minillm.torch_sampling import verify_batch as verify_on_device  # noqa: E402
 
 from .test_serving_engine import random_trace, run_with_arrivals  # noqa: E402
 

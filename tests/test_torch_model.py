@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 from minillm.attention import standard_attention  # noqa: E402
 from minillm.decode import naive_decode  # noqa: E402
 from minillm.decode import cached_decode  # noqa: E402
-from minillm.torch_model import TorchModel, TorchRunner, sdpa_attention  # noqa: E402
+from minillm.torch_model import TorchDecodeAdapter, TorchModel, sdpa_attention  # noqa: E402
 
 from .conftest import SMALL  # noqa: E402
 
@@ -15,7 +15,7 @@ LOGIT_ATOL = 1e-4
 
 
 def test_torchmodel_logits_match_numpy_reference(tiny_model, rng):
-    runner = TorchRunner(TorchModel.from_numpy(tiny_model.config, tiny_model.params), device="cpu")
+    runner = TorchDecodeAdapter(TorchModel.from_numpy(tiny_model.config, tiny_model.params), device="cpu")
     ids = rng.integers(0, 256, (2, 200))
     np.testing.assert_allclose(runner.forward(ids), tiny_model.forward(ids), atol=LOGIT_ATOL, rtol=0)
 
@@ -36,7 +36,7 @@ def test_sdpa_attention_bottom_right_causal_matches_reference(nq, nk, rng):
 
 
 def test_torchrunner_cached_decode_matches_numpy(tiny_model):
-    runner = TorchRunner(TorchModel.from_numpy(tiny_model.config, tiny_model.params), device="cpu")
+    runner = TorchDecodeAdapter(TorchModel.from_numpy(tiny_model.config, tiny_model.params), device="cpu")
     prompt = list(b"import sys\n")
     assert cached_decode(runner, prompt, 40).tokens == cached_decode(tiny_model, prompt, 40).tokens
     assert naive_decode(runner, prompt, 10).tokens == naive_decode(tiny_model, prompt, 10).tokens
@@ -44,6 +44,6 @@ def test_torchrunner_cached_decode_matches_numpy(tiny_model):
 
 @pytest.mark.gpu
 def test_torchrunner_cuda_greedy_matches_numpy(tiny_model):
-    runner = TorchRunner(TorchModel.from_numpy(tiny_model.config, tiny_model.params), device="cuda")
+    runner = TorchDecodeAdapter(TorchModel.from_numpy(tiny_model.config, tiny_model.params), device="cuda")
     prompt = list(b"def main():\n")
     assert cached_decode(runner, prompt, 64).tokens == cached_decode(tiny_model, prompt, 64).tokens

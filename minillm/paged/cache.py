@@ -13,13 +13,9 @@ chained content hash, so a new request skips their prefill. ``truncate`` rolls a
 sequence back (speculative decoding rejects draft tokens) and frees the blocks
 past its new end.
 
-Prefix-cache eviction policy: the hash table holds no reference. A cached
-block whose reference count drops to 0 goes to the back of the free list but
-*keeps* its hash entry, so a later request can still find and revive it. It is
-evicted (its hash entry dropped) only when the allocator hands it out again,
-which happens in the order blocks were freed: least recently freed first.
-A sequence releases its blocks last-to-first, so a prompt's tail is evicted
-before its head (the head is the part other requests are likeliest to share).
+The prefix cache (names, lookup, eviction policy, and the consistency check of
+the allocator, the tables and the names) is :class:`minillm.paged.prefix_cache.PrefixCache`,
+shared with the serving engine's block manager.
 """
 from __future__ import annotations
 
@@ -28,7 +24,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from .allocator import BlockAllocator, OutOfBlocks, _ceil_div, _check_count, block_hash
+from .allocator import BlockAllocator, OutOfBlocks, _ceil_div, _check_count
+from .prefix_cache import PrefixCache
 
 
 @dataclass(frozen=True)
@@ -69,18 +66,13 @@ class PagedKVCache:
         # Prefix cache. ``_chain[s]`` holds the hashes of s's full blocks and ``_pending[s]`` the tokens of its
         # partly filled last block; ``_pending[s] is None`` once a position was appended without its token,
         # after which none of s's later blocks can be named by content.
-        self._cached: dict[bytes, int] = {}                     # hash -> block
-        self._block_key: dict[int, tuple[bytes | None, bytes]] = {}  # block -> (parent hash, own hash)
+        self.prefix_cache = PrefixCache(self.allocator)
         self._chain: dict[Hashable, list[bytes]] = {}
         self._pending: dict[Hashable, list[int] | None] = {}
 
     # -- blocks -------------------------------------------------------------------------------------------
     def _allocate(self) -> int:
-        block = self.allocator.allocate()
-        key = self._block_key.pop(block, None)   # handing out a cached free block is what evicts it
-        if key is not None:
-            del self._cached[key[1]]
-        return block
+        return self.prefix_cache.take()          # handing out a cached free block is what evicts it
 
     def refcount(self, block: int) -> int:
         return self.allocator.refcount(block)
@@ -103,19 +95,16 @@ class PagedKVCache:
         prefix = [self.allocator._known(b) for b in prefix_blocks]
         parent = None
         for i, b in enumerate(prefix):
-            key = self._block_key.get(b)
+            key = self.prefix_cache.key(b)
             if key is None or key[0] != parent:
                 raise ValueError(f"prefix_blocks[{i}] = {b} is not the cached block that follows "
                                  f"prefix_blocks[:{i}]; pass what lookup_prefix returned")
             parent = key[1]
         for b in prefix:
-            if self.allocator.refcount(b):
-                self.allocator.incref(b)
-            else:
-                self.allocator.claim(b)   # free but still cached: revive it
+            self.prefix_cache.acquire(b)  # in use: one more owner; free but still cached: revive it
         self.block_tables[seq_id] = prefix
         self.seq_lens[seq_id] = len(prefix) * self.block_size
-        self._chain[seq_id] = [self._block_key[b][1] for b in prefix]
+        self._chain[seq_id] = [self.prefix_cache.key(b)[1] for b in prefix]
         self._pending[seq_id] = []
         return self.seq_lens[seq_id]
 
@@ -126,15 +115,7 @@ class PagedKVCache:
         prompt token should look up ``tokens[:-1]`` so that at least that token is
         computed.
         """
-        bs, out, parent = self.block_size, [], None
-        for i in range(len(tokens) // bs):
-            h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
-            block = self._cached.get(h)
-            if block is None:
-                break
-            out.append(block)
-            parent = h
-        return out
+        return [block for block, _ in self.prefix_cache.match(tokens, self.block_size)]
 
     def append(self, seq_id, k, v, tokens: Sequence[int] | None = None) -> None:
         """Write K/V for ``n_new`` new positions, ``k`` and ``v`` shaped (n_layers, n_new, Hkv, D).
@@ -162,7 +143,7 @@ class PagedKVCache:
         fill = cur % bs   # slots used in the last block; 0 means it is full (or there is none)
         # A shared block is copied before a write, and so is a named (prefix-cached) one: after a truncate the
         # last block can be a full cached block cut short, and its cached content must survive.
-        cow = fill > 0 and (self.allocator.refcount(table[-1]) > 1 or table[-1] in self._block_key)
+        cow = fill > 0 and (self.allocator.refcount(table[-1]) > 1 or self.prefix_cache.is_named(table[-1]))
         need = _ceil_div(cur + n, bs) - len(table) + cow
         if need > self.allocator.num_free:
             raise OutOfBlocks(f"sequence {seq_id!r}: appending {n} tokens at length {cur} needs {need} new "
@@ -193,13 +174,9 @@ class PagedKVCache:
         buf = pending + [int(t) for t in tokens]   # tokens from the start of block cur // bs
         first, done = cur // bs, (cur + n) // bs   # blocks first .. done-1 became full in this append
         for i in range(first, done):
-            parent = chain[-1] if chain else None
-            h = block_hash(parent, buf[(i - first) * bs:(i - first + 1) * bs])
-            chain.append(h)
-            # First writer wins: if another block already holds this content, this one stays unnamed.
-            if h not in self._cached:
-                self._cached[h] = table[i]
-                self._block_key[table[i]] = (parent, h)
+            # first writer wins: if another block already holds this content, this one stays unnamed
+            chain.append(self.prefix_cache.name(table[i], chain[-1] if chain else None,
+                                                buf[(i - first) * bs:(i - first + 1) * bs]))
         self._pending[seq_id] = buf[(done - first) * bs:]
 
     def fork(self, src_id, dst_id) -> None:
@@ -291,45 +268,23 @@ class PagedKVCache:
 
     def memory_stats(self) -> MemoryStats:
         a = self.allocator
-        return MemoryStats(used_blocks=a.num_used, free_blocks=a.num_free, cached_blocks=len(self._cached),
+        return MemoryStats(used_blocks=a.num_used, free_blocks=a.num_free, cached_blocks=len(self.prefix_cache),
                            slots_allocated=a.num_used * self.block_size,
                            tokens_stored=sum(self._block_fill().values()),
                            logical_tokens=sum(self.seq_lens.values()))
 
     def check_invariants(self) -> None:
-        """Raise AssertionError naming the first broken invariant of the allocator, tables and prefix cache."""
-        def fail(msg):
-            raise AssertionError(msg)
-
-        a, bs = self.allocator, self.block_size
-        free = a.free_blocks()
-        if len(set(free)) != len(free):
-            fail(f"free list has duplicates: {free}")
-        refs = [0] * self.num_blocks
-        for s, table in self.block_tables.items():
-            n = self.seq_lens.get(s)
-            if n is None or len(table) != _ceil_div(n, bs):
-                fail(f"sequence {s!r} has length {n} but {len(table)} blocks of {bs}")
-            for b in table:
-                if not 0 <= b < self.num_blocks:
-                    fail(f"sequence {s!r} refers to block {b} outside the pool")
-                refs[b] += 1
+        """Raise AssertionError naming the first broken invariant of the tables, the allocator and the prefix
+        cache (the last two: :meth:`PrefixCache.check_invariants`, shared with the serving block manager)."""
+        bs = self.block_size
         if set(self.seq_lens) != set(self.block_tables):
-            fail("seq_lens and block_tables name different sequences")
-        free_set = set(free)
-        for b in range(self.num_blocks):
-            if a.refcount(b) != refs[b]:
-                fail(f"block {b} has refcount {a.refcount(b)} but {refs[b]} block-table references")
-            if (b in free_set) != (refs[b] == 0):
-                fail(f"block {b} is {'free' if b in free_set else 'not free'} with {refs[b]} references")
-        if len(free) + a.num_used != self.num_blocks:
-            fail(f"{len(free)} free + {a.num_used} used != {self.num_blocks} blocks")
-        for h, b in self._cached.items():
-            if self._block_key.get(b, (None, None))[1] != h:
-                fail(f"prefix cache maps a hash to block {b}, whose own key disagrees")
-        if len(self._block_key) != len(self._cached):
-            fail("prefix cache and its reverse map differ in size")
+            raise AssertionError("seq_lens and block_tables name different sequences")
+        for s, table in self.block_tables.items():
+            n = self.seq_lens[s]
+            if len(table) != _ceil_div(n, bs):
+                raise AssertionError(f"sequence {s!r} has length {n} but {len(table)} blocks of {bs}")
+        self.prefix_cache.check_invariants(self.block_tables.items())
         for s in self.block_tables:
             if self._pending[s] is not None and (len(self._chain[s]) != self.seq_lens[s] // bs
                                                  or len(self._pending[s]) != self.seq_lens[s] % bs):
-                fail(f"sequence {s!r}: token bookkeeping does not match its length")
+                raise AssertionError(f"sequence {s!r}: token bookkeeping does not match its length")

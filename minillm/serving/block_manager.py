@@ -2,17 +2,19 @@
 
 The runner owns the K/V pools; this class only decides which physical block holds which logical block
 of which sequence. It grows a sequence's block table as the scheduler schedules its tokens, names every
-block that becomes full by the chained content hash of :func:`minillm.paged.allocator.block_hash`, and at
-admission hands a new sequence the longest run of cached full blocks that starts its prompt (automatic
-prefix caching). A cached block whose last user finishes is freed but keeps its name until the allocator
-hands it out again, so a later request can revive it.
+block that becomes full, and at admission hands a new sequence the longest run of cached full blocks that
+starts its prompt (automatic prefix caching). The names, the lookup and the eviction policy are chapter 7's:
+:class:`minillm.paged.prefix_cache.PrefixCache`, the same object ``PagedKVCache`` uses (a cached block whose
+last user finishes is freed but keeps its name until the allocator hands it out again, so a later request
+can revive it), and so is the consistency check.
 
 A prompt that is entirely cached still recomputes its last token: only prompt[:-1] is looked up, because
 the next token's logits come from the last prompt token's forward pass.
 """
 from __future__ import annotations
 
-from ..paged.allocator import BlockAllocator, _ceil_div, block_hash
+from ..paged.allocator import BlockAllocator, OutOfBlocks, _ceil_div
+from ..paged.prefix_cache import PrefixCache
 from .sequence import Sequence
 
 
@@ -21,8 +23,7 @@ class BlockManager:
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.num_blocks, self.block_size = self.allocator.num_blocks, self.allocator.block_size
         self.enable_prefix_caching = bool(enable_prefix_caching)
-        self._cached: dict[bytes, int] = {}      # content hash -> block
-        self._name: dict[int, bytes] = {}        # block -> its content hash
+        self.prefix_cache = PrefixCache(self.allocator)
         self._chain: dict[int, list[bytes]] = {}  # seq_id -> hashes of its full blocks, in order
         self.prefix_hit_tokens = 0               # prompt tokens served from the cache, summed over admissions
         self.prefix_query_tokens = 0             # prompt tokens looked up
@@ -45,13 +46,6 @@ class BlockManager:
         """Can ``seq`` get slots for its first ``n_tokens`` tokens now? (Any free block will do.)"""
         return self.blocks_needed(seq, n_tokens) <= self.allocator.num_free
 
-    def _take(self) -> int:
-        block = self.allocator.allocate()
-        name = self._name.pop(block, None)     # handing out a cached free block evicts it
-        if name is not None:
-            del self._cached[name]
-        return block
-
     def match_prefix(self, seq: Sequence) -> int:
         """Give a sequence with no blocks the cached blocks of its longest cached prefix; return its tokens."""
         if seq.block_table:
@@ -59,22 +53,13 @@ class BlockManager:
         self._chain[seq.seq_id] = []
         if not self.enable_prefix_caching:
             return 0
-        bs, parent, chain = self.block_size, None, self._chain[seq.seq_id]
-        tokens = seq.tokens
+        chain, tokens = self._chain[seq.seq_id], seq.tokens
         lookup = len(tokens) - 1                # the last token is always computed
-        for i in range(lookup // bs):
-            h = block_hash(parent, tokens[i * bs:(i + 1) * bs])
-            block = self._cached.get(h)
-            if block is None:
-                break
-            if self.allocator.refcount(block):
-                self.allocator.incref(block)
-            else:
-                self.allocator.claim(block)      # free but still named: revive it
+        for block, h in self.prefix_cache.match(tokens[:lookup], self.block_size):
+            self.prefix_cache.acquire(block)     # in use: one more owner; free but still named: revive it
             seq.block_table.append(block)
             chain.append(h)
-            parent = h
-        hit = len(seq.block_table) * bs
+        hit = len(seq.block_table) * self.block_size
         self.prefix_hit_tokens += hit
         self.prefix_query_tokens += lookup
         return hit
@@ -83,10 +68,9 @@ class BlockManager:
         """Grow ``seq``'s table to cover ``n_tokens`` tokens. All or nothing (raises OutOfBlocks first)."""
         need = self.blocks_needed(seq, n_tokens)
         if need > self.allocator.num_free:
-            from ..paged.allocator import OutOfBlocks
             raise OutOfBlocks(f"sequence {seq.seq_id} needs {need} blocks, {self.allocator.num_free} free",
                               requested=need, free=self.allocator.num_free)
-        seq.block_table.extend(self._take() for _ in range(need))
+        seq.block_table.extend(self.prefix_cache.take() for _ in range(need))
         self._chain.setdefault(seq.seq_id, [])
 
     def register(self, seq: Sequence) -> None:
@@ -94,13 +78,9 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs, chain = self.block_size, self._chain.setdefault(seq.seq_id, [])
-        for i in range(len(chain), seq.num_computed // bs):
-            h = block_hash(chain[-1] if chain else None, [seq.token(j) for j in range(i * bs, (i + 1) * bs)])
-            chain.append(h)
-            block = seq.block_table[i]
-            if h not in self._cached and block not in self._name:   # first writer wins
-                self._cached[h] = block
-                self._name[block] = h
+        for i in range(len(chain), seq.num_computed // bs):   # first writer wins
+            chain.append(self.prefix_cache.name(seq.block_table[i], chain[-1] if chain else None,
+                                                [seq.token(j) for j in range(i * bs, (i + 1) * bs)]))
 
     def free(self, seq: Sequence) -> None:
         """Drop one reference to each of the sequence's blocks, last block first (its tail is evicted first)."""
@@ -114,31 +94,20 @@ class BlockManager:
         keep = self.blocks_for(n_tokens)
         if n_tokens % self.block_size and keep:
             last = seq.block_table[keep - 1]
-            if last in self._name:
+            if self.prefix_cache.is_named(last):
                 if self.allocator.refcount(last) > 1:
                     raise ValueError(f"sequence {seq.seq_id}: the cut at {n_tokens} falls inside block {last}, "
                                      f"which other sequences share; a rollback never reaches a shared block")
-                del self._cached[self._name.pop(last)]   # its tail is about to be overwritten
+                self.prefix_cache.forget(last)    # its tail is about to be overwritten
         self.allocator.drop_tail(seq.block_table, keep)
         del self._chain.setdefault(seq.seq_id, [])[n_tokens // self.block_size:]
 
     def check_invariants(self, seqs) -> None:
-        """AssertionError if refcounts, the free list and the tables disagree, or a name points nowhere."""
-        refs = [0] * self.num_blocks
+        """AssertionError if a sequence has too few blocks for its computed tokens, or if refcounts, the free
+        list, the tables and the prefix cache's names disagree (:meth:`PrefixCache.check_invariants`)."""
+        seqs = list(seqs)
         for s in seqs:
             if len(s.block_table) < self.blocks_for(s.num_computed):
                 raise AssertionError(f"sequence {s.seq_id} has {s.num_computed} computed tokens in "
                                      f"{len(s.block_table)} blocks of {self.block_size}")
-            for b in s.block_table:
-                refs[b] += 1
-        free = set(self.allocator.free_blocks())
-        for b in range(self.num_blocks):
-            if self.allocator.refcount(b) != refs[b]:
-                raise AssertionError(f"block {b}: refcount {self.allocator.refcount(b)}, {refs[b]} table references")
-            if (b in free) != (refs[b] == 0):
-                raise AssertionError(f"block {b} is {'free' if b in free else 'in use'} with {refs[b]} references")
-        for h, b in self._cached.items():
-            if self._name.get(b) != h:
-                raise AssertionError(f"prefix cache entry for block {b} disagrees with its name")
-        if len(self._name) != len(self._cached):
-            raise AssertionError("prefix cache and its reverse map differ in size")
+        self.prefix_cache.check_invariants((s.seq_id, s.block_table) for s in seqs)

@@ -8,7 +8,7 @@ placeholders) and allocates blocks for ``1 + k`` new tokens. Before the step run
    one or two: the token the target just emitted, and after a fully accepted round the last draft too;
    the whole context the first time) and samples d_1 from the last row;
 2. ``k - 1`` decode passes, each feeding the previous draft token and sampling the next one. When every
-   sequence drafts the same ``k`` and the runner has ``decode_chain`` (the torch runner), the positions,
+   sequence drafts the same ``k`` and the runner offers a ``decode_chain`` (the torch runner), the positions,
    lengths and slots of these passes advance on the device, with no host work between passes.
 
 The draft model's K/V pool mirrors the target's block layout: the same block ids and slots, so it needs no
@@ -31,16 +31,18 @@ from __future__ import annotations
 import numpy as np
 
 from .batch import RaggedStep, StepBatch, slot_mapping
+from .interfaces import DraftRunner
 from .runner import seq_sampling_arrays
 from .sequence import Sequence
 
 
 class DraftModelProposer:
-    def __init__(self, runner):
-        for attr in ("logits", "draft", "zeros", "index", "host"):
-            if not hasattr(runner, attr):
-                raise TypeError(f"a draft runner needs .{attr}() (NumpyRunner or TorchRunner), "
-                                f"got {type(runner).__name__}")
+    """A draft model as the engine's :class:`~minillm.serving.interfaces.Drafter`."""
+
+    def __init__(self, runner: DraftRunner):
+        if not isinstance(runner, DraftRunner):
+            raise TypeError(f"a draft runner is a DraftRunner (NumpyRunner or TorchRunner: logits, draft, zeros, "
+                            f"index, host, decode_chain), got {type(runner).__name__}")
         self.runner = runner
         self.config = runner.model.config
         self.block_size = int(runner.block_size)
@@ -60,6 +62,10 @@ class DraftModelProposer:
         if self.block_size != block_size or self.num_blocks < num_blocks:
             raise ValueError(f"the draft pool ({self.num_blocks} blocks of {self.block_size}) must mirror the "
                              f"target's ({num_blocks} blocks of {block_size})")
+
+    def draft(self, seq: Sequence, k: int) -> list[int]:
+        """``k`` placeholders: the draft model fills them in :meth:`propose`, on the scheduled step's slots."""
+        return [-1] * k
 
     def valid_tokens(self, seq: Sequence) -> int:
         """How many of ``seq``'s leading tokens have K/V in the draft pool."""
@@ -127,7 +133,7 @@ class DraftModelProposer:
         prev, q = run.draft(logits, temp, top_k, top_p, seeds, n_out, want_probs=want_q)
         self._keep(tokens, q_all, batch, rows, active, 0, prev, q)
         k_max = int(ks.max())
-        if k_max > 1 and (ks == k_max).all() and hasattr(run, "decode_chain"):
+        if k_max > 1 and (ks == k_max).all() and run.decode_chain is not None:
             # every sequence drafts k: the k - 1 decode passes advance on the device (see decode_chain)
             step = self._decode_step(tables, lens)      # d_1 is fed at position len
             chain = run.decode_chain(step, prev, k_max - 1, lambda lg, i: run.draft(

@@ -26,15 +26,15 @@ import inspect
 import numbers
 import sys
 import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 import numpy as np
 
 from ..model import check_prompt_ids
 from .block_manager import BlockManager
+from .interfaces import Drafter, LookupDrafter, MemoryManager, PromptLookup, Runner, as_drafter
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence, _int
 
@@ -151,10 +151,10 @@ class TokenStream:
 
 
 class LLMEngine:
-    def __init__(self, runner, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int,
+    def __init__(self, runner: Runner, num_blocks: int, block_size: int, max_model_len: int, vocab_size: int,
                  scheduler_config: SchedulerConfig | None = None, enable_prefix_caching: bool = True,
-                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0, block_manager=None,
-                 drafter=None):
+                 eos_token_id: int | None = None, tokenizer=None, seed: int = 0,
+                 block_manager: MemoryManager | None = None, drafter: Drafter | PromptLookup | None = None):
         self.runner = runner
         if block_manager is None:
             block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
@@ -162,10 +162,11 @@ class LLMEngine:
             raise ValueError(f"block_manager has {block_manager.num_blocks} blocks of {block_manager.block_size}, "
                              f"the engine was told {num_blocks} of {block_size}")
         self.block_manager = block_manager      # or another memory manager (chapter 7's ContiguousManager)
-        if hasattr(drafter, "check_target"):    # a draft model: it must share the vocabulary and mirror the pool
-            drafter.check_target(vocab_size, max_model_len, num_blocks, block_size)
-        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len, drafter)
-        self.proposer = None if drafter is None or hasattr(drafter, "lookup") else drafter   # a draft model
+        self.drafter = as_drafter(drafter)      # a prompt lookup, or a draft model over a pool mirroring ours
+        if self.drafter is not None:
+            self.drafter.check_target(vocab_size, max_model_len, num_blocks, block_size)
+        self.scheduler = Scheduler(scheduler_config or SchedulerConfig(), self.block_manager, max_model_len,
+                                   self.drafter)
         self.vocab_size, self.eos_token_id, self.tokenizer = int(vocab_size), eos_token_id, tokenizer
         self.requests: dict[int, Sequence] = {}   # queued, running, and finished until their output is read
         self.step_observers: list = []          # fn(batch) for each step, after drafting and before running it
@@ -173,6 +174,11 @@ class LLMEngine:
         self._seeds = np.random.default_rng(seed)
         self._lock = threading.RLock()          # one caller at a time inside the engine (see the module doc)
         self._orphans: deque[int] = deque()     # requests of streams dropped unfinished: aborted at next step
+
+    @property
+    def proposer(self) -> Drafter | None:
+        """The draft model that fills each step's reserved drafts, or None (no drafter, or a prompt lookup)."""
+        return None if self.drafter is None or isinstance(self.drafter, LookupDrafter) else self.drafter
 
     # -- requests ----------------------------------------------------------------------------------------
     def _encode(self, prompt) -> list[int]:
@@ -279,21 +285,21 @@ class LLMEngine:
             self._release(self.scheduler.take_failed())
             return []
         if batch.needs_drafts:
-            self.proposer.propose(batch)       # a draft model fills the reserved drafts
+            self.drafter.propose(batch)        # a draft model fills the reserved drafts
         for observe in self.step_observers:
             observe(batch)
         token_ids = self.runner.execute(batch)
         got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, self.runner.now())
-        if self.proposer is not None:
-            self.proposer.commit([s for s in batch.seqs if not s.finished])
+        if self.drafter is not None:
+            self.drafter.commit([s for s in batch.seqs if not s.finished])
         self._release([s for s in batch.seqs if s.finished] + self.scheduler.take_failed())
         return [s.seq_id for s in got]
 
     def _release(self, seqs) -> None:
         """Forget the draft model's cache of finished sequences."""
-        if self.proposer is not None:
+        if self.drafter is not None:
             for s in seqs:
-                self.proposer.release(s)
+                self.drafter.release(s)
 
     def add_step_observer(self, fn):
         """Call ``fn(batch)`` on every step's StepBatch, after its drafts are filled and before the runner
@@ -409,11 +415,7 @@ class LLMEngine:
             if self.has_unfinished():
                 self.step()
             elif nxt < len(order):
-                wait = float(arrivals[order[nxt]]) - now
-                if hasattr(self.runner, "clock"):
-                    self.runner.clock += wait
-                else:
-                    time.sleep(max(0.0, wait))
+                self.runner.sleep(float(arrivals[order[nxt]]) - now)   # a simulated clock jumps there
         return [self.output(ids[i]) for i in range(len(order))]
 
 
@@ -454,19 +456,28 @@ class LLM:
     mirrors the target's. ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
     ``max_seq_len`` tokens, so nothing is preempted unless you ask for a smaller pool.
 
+    On a GPU, "torch" captures its CUDA graphs when the LLM is built (vLLM's and nano-vllm's startup
+    capture): one per decode batch size up to ``max_num_seqs`` and one per mixed-step token bucket up to
+    ``max_num_batched_tokens``, so decode-only and mixed steps replay graphs. ``enforce_eager=True`` (vLLM's
+    name) captures none and runs every step eagerly. Elsewhere (CPU, "numpy", "simulated") there is nothing
+    to capture.
+
     Other keyword arguments go to the runner (``dtype`` for "numpy"; ``device``, ``dtype``, ``attention``,
-    ``cuda_graphs``, ``max_graph_batch`` for "torch"; ``cost`` for "simulated"); any other name raises
-    TypeError. "torch" needs the ``[gpu]`` extra (``pip install 'minillm[gpu]'``).
+    ``max_graph_batch`` for "torch"; ``cost`` for "simulated"); any other name raises TypeError. "torch"
+    needs the ``[gpu]`` extra (``pip install 'minillm[gpu]'``).
     """
 
     def __init__(self, model="tiny", runner: str = "numpy", num_blocks: int | None = None, block_size: int = 16,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_prefill_chunk: int | None = None,
                  enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, seed: int = 0,
-                 num_speculative_tokens: int = 0, speculative_model="ngram", **runner_kw):
+                 num_speculative_tokens: int = 0, speculative_model="ngram", enforce_eager: bool = False,
+                 **runner_kw):
         from ..model import Model, load_model
         from ..tokenizer import EOS, ByteTokenizer
 
         self._check_runner_kw(runner, runner_kw)
+        if runner == "torch":
+            runner_kw = {**runner_kw, "cuda_graphs": not enforce_eager}
         block_size = _int("block_size", block_size, 1)
         if num_blocks is not None:
             num_blocks = _int("num_blocks", num_blocks, 1)
@@ -487,7 +498,10 @@ class LLM:
                 raise ValueError("a draft model needs a runner that computes ('numpy' or 'torch')")
             from .draft import DraftModelProposer
             draft = speculative_model if isinstance(speculative_model, Model) else load_model(speculative_model)
-            drafter = DraftModelProposer(self._runner(runner, draft, num_blocks, block_size, runner_kw))
+            draft_run = self._runner(runner, draft, num_blocks, block_size, runner_kw)
+            draft_run.prepare(replace(sched, num_speculative_tokens=0))   # one logits row per sequence
+            drafter = DraftModelProposer(draft_run)
+        run.prepare(sched)                      # the torch runner captures its CUDA graphs (none on CPU)
         self.engine = LLMEngine(run, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched,
                                 enable_prefix_caching, eos_token_id=EOS, tokenizer=ByteTokenizer(), seed=seed,
                                 drafter=drafter)
@@ -517,7 +531,7 @@ class LLM:
         runner = cls._runner_class(kind)
         if kind == "simulated":
             return ["cost", "clock"]                              # its other fields are counters
-        given = {"self", "model", "num_blocks", "block_size"}     # the LLM passes these itself
+        given = {"self", "model", "num_blocks", "block_size", "cuda_graphs"}   # the LLM passes these itself
         return [n for n in inspect.signature(runner).parameters if n not in given]
 
     @classmethod

@@ -6,13 +6,14 @@
 * ``SimulatedRunner`` -- computes nothing. It counts tokens, steps and KV memory, and advances a
   virtual clock with a step-cost model, so traces of thousands of requests run in seconds.
 
-A runner's contract: ``execute(batch) -> token_ids``, one token per entry of ``batch.logits_rows`` (one
-per sequence, or ``len(draft) + 1`` for a speculating one, verified by
-:func:`minillm.sampling.verify_batch`; those of sequences whose ``batch.sample`` is False are ignored), and
-``now()``, the clock the engine stamps tokens with. A runner that also serves as a draft model
-(:class:`minillm.serving.draft.DraftModelProposer`) has ``logits(step, input_ids=None)`` for a
-:class:`~minillm.serving.batch.RaggedStep`, ``draft(logits, ...)``, and array helpers ``zeros``, ``index``
-and ``host`` for its backend.
+A runner's contract is :class:`minillm.serving.interfaces.Runner`: ``execute(batch) -> token_ids``, one
+token per entry of ``batch.logits_rows`` (one per sequence, or ``len(draft) + 1`` for a speculating one,
+verified by :func:`minillm.sampling.verify_batch`; those of sequences whose ``batch.sample`` is False are
+ignored); ``now()``, the clock the engine stamps tokens with, and ``sleep(seconds)`` on that clock;
+``prepare(config)`` before the first step. A runner that also serves as a draft model
+(:class:`minillm.serving.draft.DraftModelProposer`) is a :class:`~minillm.serving.interfaces.DraftRunner`:
+``logits(step, input_ids=None)`` for a :class:`~minillm.serving.batch.RaggedStep`, ``draft(logits, ...)``,
+array helpers ``zeros``, ``index`` and ``host`` for its backend, and ``decode_chain`` (or None).
 """
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def sampling_arrays(batch: StepBatch):
 
 class NumpyRunner:
     """The NumPy reference model over (n_layers, num_blocks, block_size, Hkv, D) float32 pools."""
+
+    decode_chain = None          # a draft model's decode passes run one logits() call each
 
     def __init__(self, model, num_blocks: int, block_size: int, dtype=np.float32):
         cfg = model.config
@@ -85,6 +88,12 @@ class NumpyRunner:
 
     def now(self) -> float:
         return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+    def prepare(self, config) -> None:
+        """Nothing to get ready: every step runs eagerly."""
 
 
 @dataclass
@@ -160,3 +169,10 @@ class SimulatedRunner:
 
     def now(self) -> float:
         return self.clock
+
+    def sleep(self, seconds: float) -> None:
+        """Idle time passes at once: the virtual clock jumps ahead."""
+        self.clock += seconds
+
+    def prepare(self, config) -> None:
+        """Nothing to get ready."""

@@ -24,10 +24,12 @@ preempted -- possibly the one asking -- by recompute: its blocks are freed, it g
 the waiting queue, and it later prefills prompt + output again. Its tokens are kept, so greedy decoding
 produces exactly what it would have without the interruption.
 
-The memory manager is pluggable: the paged :class:`BlockManager` by default, or chapter 7's
-:class:`~minillm.serving.contiguous.ContiguousManager` (one contiguous range per sequence). The scheduler
-only asks it ``can_grow(seq, n_tokens)`` -- can this sequence's memory be made to cover ``n_tokens`` tokens
-now? -- then ``allocate``, ``match_prefix``, ``register`` and ``free``.
+The memory manager is pluggable (:class:`~minillm.serving.interfaces.MemoryManager`): the paged
+:class:`BlockManager` by default, or chapter 7's :class:`~minillm.serving.contiguous.ContiguousManager` (one
+contiguous range per sequence). The scheduler only asks it ``can_grow(seq, n_tokens)`` -- can this
+sequence's memory be made to cover ``n_tokens`` tokens now? -- then ``allocate``, ``match_prefix``,
+``register``, ``truncate`` and ``free``. The drafter is a :class:`~minillm.serving.interfaces.Drafter` (a prompt
+lookup is wrapped into one).
 
 A request that could never fit (its prompt plus ``max_tokens`` need more blocks than the whole pool, or
 its positions would pass the model's ``max_seq_len``) is rejected when it is added, with a clear error;
@@ -40,11 +42,11 @@ from __future__ import annotations
 import time
 import warnings
 from collections import deque
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from .batch import StepBatch
-from .block_manager import BlockManager
-from .contiguous import ContiguousManager
+from .interfaces import Drafter, MemoryManager, PromptLookup, as_drafter
 from .sequence import Sequence, SequenceStatus
 
 
@@ -82,12 +84,12 @@ class RequestRejected(ValueError):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager | ContiguousManager,
-                 max_model_len: int, drafter=None):
+    def __init__(self, config: SchedulerConfig, block_manager: MemoryManager, max_model_len: int,
+                 drafter: Drafter | PromptLookup | None = None):
         if config.num_speculative_tokens and drafter is None:
             raise ValueError("num_speculative_tokens > 0 needs a drafter (NgramDrafter or DraftModelProposer)")
         self.config, self.bm, self.max_model_len = config, block_manager, int(max_model_len)
-        self.drafter = drafter
+        self.drafter = as_drafter(drafter)
         self.spec_proposed = self.spec_accepted = self.spec_steps = 0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -161,104 +163,113 @@ class Scheduler:
            and 2, and only into free blocks (such a draft never preempts anyone).
 
         Sets ``memory_limited``; counts ``num_steps``. ``now`` (the engine's clock) stamps a sequence that
-        an internal error finishes here (see :meth:`fail`)."""
+        an internal error finishes here (see :meth:`fail`): each phase serves one sequence at a time inside
+        :meth:`_isolated`, so an error finishes that sequence and the phase goes on with the next."""
         # BEGIN SOLUTION
-        budget = self.config.max_num_batched_tokens
         self.memory_limited = False
         failed_before = len(self.failed)
+        budget = self.config.max_num_batched_tokens
         chosen: list[list] = []                  # [seq, tokens this step]
         drafts: dict[int, list[int]] = {}
         fixed = self._fixed_drafts(now)          # seeded sampling decodes: their whole draft, or they wait
 
         def unit(s):                             # the tokens of a decode
             return 1 + len(fixed.get(s.seq_id, ()))
-        reserve = sum(unit(s) for s in self.running if s.is_decoding)   # decode tokens not yet served this step
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            try:
-                if seq.num_pending < 1:
-                    raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_computed} computed tokens of "
-                                       f"{len(seq)}: its accounting is broken")
-                decoding = seq.is_decoding
-                reserve -= unit(seq) if decoding else 0
-                n = unit(seq) if decoding else self._chunk(seq, budget - reserve)
-                if n <= 0 or n > budget:         # a prefill chunk waits while the decodes take the budget; a
-                    i += 1                       # seeded sampling decode waits for room for its whole draft
-                    continue
-                while not self.bm.can_grow(seq, seq.num_computed + n):
-                    victim = self.running.pop()  # the latest admitted; never one already chosen (those are < i)
-                    if victim is not seq and victim.is_decoding:
-                        reserve -= unit(victim)  # it was counted as a decode still to serve
-                    try:
-                        self._preempt(victim)
-                    except Exception as e:       # the victim's own error: finish it, not the one that asked
-                        if victim is seq:
-                            raise
-                        self.fail(victim, e, now)
-                    self.memory_limited = True
-                    if victim is seq:
-                        break
-                else:
-                    self.bm.allocate(seq, seq.num_computed + n)
-                    chosen.append([seq, n])
-                    if fixed.get(seq.seq_id) and decoding:
-                        drafts[seq.seq_id] = fixed[seq.seq_id]
-                    budget -= n
-                    i += 1
-            except Exception as e:              # an internal error in one sequence: finish it, serve the rest
-                self.fail(seq, e, now)
-        static = self.config.static_batching
-        if static and not self.running and not self._static_quota:
-            # the last batch is done: the next one is whoever is waiting now, up to max_num_seqs
-            self._static_quota = min(self.config.max_num_seqs, len(self.waiting))
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            if static and not self._static_quota:
-                break
-            seq = self.waiting[0]
-            try:
-                if not seq.block_table:
-                    seq.num_computed = self.bm.match_prefix(seq)
-                    if not seq.admitted:
-                        seq.num_cached_prompt = seq.num_computed
-                n = self._chunk(seq, budget)
-                too_big = not self.config.enable_chunked_prefill and n < seq.num_pending
-                if too_big or not self.bm.can_grow(seq, seq.num_computed + n):
-                    self.bm.free(seq)           # give back the prefix blocks; retry in a later step
-                    seq.num_computed = 0
-                    self.memory_limited = self.memory_limited or not too_big
-                    break
-                self.bm.allocate(seq, seq.num_computed + n)
-            except Exception as e:
-                self.fail(seq, e, now)
-                continue
-            self.waiting.popleft()
-            seq.status, seq.admitted = SequenceStatus.RUNNING, True
-            self.running.append(seq)
-            if static:
-                self._static_quota -= 1
+
+        def choose(seq, n):
+            nonlocal budget
             chosen.append([seq, n])
             budget -= n
-        if self.config.num_speculative_tokens:
-            for entry in chosen:                # lowest priority: drafts take what decodes and prefills left
+
+        def serve_running():
+            """Phase 1: every running sequence's decode or prefill chunk, preempting the latest admitted
+            sequence while a block is missing."""
+            reserve = sum(unit(s) for s in self.running if s.is_decoding)   # decode tokens not yet served
+            i = 0
+            while i < len(self.running) and budget > 0:
+                seq = self.running[i]
+                with self._isolated(seq, now):   # on an error seq leaves running: running[i] is the next one
+                    if seq.num_pending < 1:
+                        raise RuntimeError(f"sequence {seq.seq_id} has {seq.num_computed} computed tokens of "
+                                           f"{len(seq)}: its accounting is broken")
+                    decoding = seq.is_decoding
+                    reserve -= unit(seq) if decoding else 0
+                    n = unit(seq) if decoding else self._chunk(seq, budget - reserve)
+                    if n <= 0 or n > budget:     # a prefill chunk waits while the decodes take the budget; a
+                        i += 1                   # seeded sampling decode waits for room for its whole draft
+                        continue
+                    while not self.bm.can_grow(seq, seq.num_computed + n):
+                        victim = self.running.pop()  # the latest admitted; never one already chosen (< i)
+                        if victim is not seq and victim.is_decoding:
+                            reserve -= unit(victim)  # it was counted as a decode still to serve
+                        with nullcontext() if victim is seq else self._isolated(victim, now):
+                            self._preempt(victim)    # a victim's own error finishes it, not the one asking
+                        self.memory_limited = True
+                        if victim is seq:
+                            break
+                    else:
+                        self.bm.allocate(seq, seq.num_computed + n)
+                        choose(seq, n)
+                        if fixed.get(seq.seq_id) and decoding:
+                            drafts[seq.seq_id] = fixed[seq.seq_id]
+                        i += 1
+
+        def admit_waiting():
+            """Phase 2: waiting requests, first come first served, each with its cached prefix and a
+            prefill chunk, while the budget, ``max_num_seqs`` (and a static batch's quota) allow."""
+            static = self.config.static_batching
+            if static and not self.running and not self._static_quota:
+                # the last batch is done: the next one is whoever is waiting now, up to max_num_seqs
+                self._static_quota = min(self.config.max_num_seqs, len(self.waiting))
+            while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                if static and not self._static_quota:
+                    break
+                seq = self.waiting[0]
+                with self._isolated(seq, now):   # on an error seq leaves the queue: waiting[0] is the next one
+                    if not seq.block_table:
+                        seq.num_computed = self.bm.match_prefix(seq)
+                        if not seq.admitted:
+                            seq.num_cached_prompt = seq.num_computed
+                    n = self._chunk(seq, budget)
+                    too_big = not self.config.enable_chunked_prefill and n < seq.num_pending
+                    if too_big or not self.bm.can_grow(seq, seq.num_computed + n):
+                        self.bm.free(seq)        # give back the prefix blocks; retry in a later step
+                        seq.num_computed = 0
+                        self.memory_limited = self.memory_limited or not too_big
+                        break
+                    self.bm.allocate(seq, seq.num_computed + n)
+                    self.waiting.popleft()
+                    seq.status, seq.admitted = SequenceStatus.RUNNING, True
+                    self.running.append(seq)
+                    if static:
+                        self._static_quota -= 1
+                    choose(seq, n)
+
+        def add_drafts():
+            """Phase 3 (lowest priority): each other decode drafts from the budget the first two phases left,
+            only into free blocks (a draft never preempts anyone)."""
+            nonlocal budget
+            for entry in chosen:
                 seq, n = entry
                 if budget <= 0:
                     break
                 if n != 1 or seq.seq_id in fixed:
                     continue
-                try:
+                with self._isolated(seq, now):
                     draft = self._draft(seq, budget)
                     while draft and not self.bm.can_grow(seq, seq.num_computed + 1 + len(draft)):
-                        draft.pop()             # only into free blocks: a draft never preempts anyone
+                        draft.pop()
                     if draft:
                         self.bm.allocate(seq, seq.num_computed + 1 + len(draft))
                         entry[1] += len(draft)
                         drafts[seq.seq_id] = draft
                         budget -= len(draft)
-                except Exception as e:
-                    self.fail(seq, e, now)
-        chosen = [e for e in chosen if not e[0].finished]
-        batch = self._build(chosen, drafts, now)
+
+        serve_running()
+        admit_waiting()
+        if self.config.num_speculative_tokens:
+            add_drafts()
+        batch = self._build([e for e in chosen if not e[0].finished], drafts, now)
         if batch is None and len(self.failed) == failed_before and self.has_unfinished():
             raise RuntimeError("scheduler made no progress with requests pending (this is a bug: "
                                "check_fits admits only requests that fit an empty pool)")
@@ -266,6 +277,16 @@ class Scheduler:
             self.num_steps += 1
         return batch
         # END SOLUTION
+
+    @contextmanager
+    def _isolated(self, seq: Sequence, now: float | None):
+        """Run a block of work for one sequence: an internal error in it finishes that sequence
+        (:meth:`fail`) and is not raised, so the step goes on with the others. The one place where the
+        scheduler isolates errors (scheduling, drafting, accounting)."""
+        try:
+            yield
+        except Exception as e:
+            self.fail(seq, e, now)
 
     def _build(self, chosen: list[list], drafts: dict[int, list[int]], now: float | None = None) -> StepBatch | None:
         """The step's StepBatch. If building it fails, the sequences that fail on their own are finished
@@ -302,17 +323,15 @@ class Scheduler:
             p = seq.params
             if p.greedy or p.seed is None or not seq.is_decoding:
                 continue
-            try:
+            with self._isolated(seq, now):
                 out[seq.seq_id] = self._draft(seq, self.config.num_speculative_tokens)
-            except Exception as e:
-                self.fail(seq, e, now)
         return out
 
     def _draft(self, seq: Sequence, budget: int) -> list[int]:
         """Up to k draft tokens for a decoding sequence, clipped to what it may still emit and hold and to
         ``budget`` (the draft tokens the step still has room for).
 
-        A prompt-lookup drafter (``lookup(tokens, k)``) answers now; any other drafter (a draft model, which
+        A prompt-lookup drafter answers now; a draft model (which
         needs this step's slots for its own K/V) gets k placeholder tokens (-1) that the engine's proposer
         fills before the step runs."""
         k = self.config.num_speculative_tokens
@@ -323,9 +342,7 @@ class Scheduler:
                 budget)
         if k <= 0:
             return []
-        if hasattr(self.drafter, "lookup"):
-            return [int(t) for t in self.drafter.lookup(seq.tokens, k)][:k]
-        return [-1] * k
+        return self.drafter.draft(seq, k)
 
     def postprocess(self, batch: StepBatch, token_ids, eos_token_id: int | None, now: float | None = None
                     ) -> list[Sequence]:
@@ -345,11 +362,9 @@ class Scheduler:
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new)):
             if seq.finished:                    # aborted or failed while the step ran
                 continue
-            try:
+            with self._isolated(seq, now):
                 if self._account(seq, int(n), batch, row, token_ids, eos_token_id, now):
                     got.append(seq)
-            except Exception as e:
-                self.fail(seq, e, now)
         return got
 
     def _account(self, seq: Sequence, n: int, batch: StepBatch, row: int, token_ids, eos_token_id, now) -> bool:

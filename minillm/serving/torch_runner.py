@@ -1,11 +1,14 @@
-"""The GPU runner: the torch model over paged bf16 pools, the Triton paged kernels, CUDA graphs for decode.
+"""The GPU runner: the torch model over paged bf16 pools, the Triton paged kernels, CUDA graphs for every step.
 
 Per step it copies the step's metadata to the device, runs ``TorchModel.forward_ragged`` and samples on
-the device; the only host sync is reading the sampled tokens back. Attention:
+the device (:mod:`minillm.torch_sampling`, NumPy's samplers in torch); the only host sync is reading the
+sampled tokens back. ``prepare`` (what ``LLM(runner="torch")`` calls at startup) captures the CUDA graphs of
+every decode batch size and mixed-step token bucket the scheduler can produce. Attention:
 
 * a step of decodes only (one new token per sequence) uses the split-K decode kernel
   (``minillm.kernels.paged_attention``), replayed from a CUDA graph captured for the padded batch size;
-* a step with prefill chunks uses the varlen kernel (``minillm.kernels.paged_prefill``), eagerly;
+* a step with prefill chunks uses the varlen kernel (``minillm.kernels.paged_prefill``), replayed from a
+  CUDA graph captured for the padded token count where one was captured (``prepare``), else eagerly;
 * ``attention="torch"`` swaps both for a gather + SDPA baseline (slow; for checking).
 
 The pools have one extra block past the block manager's: padded graph rows write their K/V there.
@@ -18,93 +21,10 @@ import time
 import numpy as np
 import torch
 
-from ..sampling import ACCEPT, DRAFT, RESIDUAL, mix32, sub_seed
+from .. import torch_sampling
 from ..torch_model import TorchModel, torch_varlen_attention
 from .batch import StepBatch
 from .runner import sampling_arrays
-
-_M32 = 0xFFFFFFFF
-
-
-def counter_uniform(seed: torch.Tensor, step: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``minillm.sampling.counter_uniform`` on the device: the same hash (``mix32`` works on int64 tensors,
-    whose wrapped products keep the low 32 bits exact), so the same uniforms."""
-    seed = (seed.long() & _M32)[:, None]
-    step = (step.long() & _M32)[:, None]
-    ids = torch.arange(vocab_size, device=seed.device, dtype=torch.int64)[None, :]
-    h = mix32(mix32(mix32(seed ^ 0x9E3779B9) ^ step) ^ ids)
-    h = mix32(h ^ ((seed * 0x85EBCA6B) & _M32))
-    return (h.double() + 0.5) / 2.0**32
-
-
-def shape_on_device(logits, temperature, top_k, top_p) -> torch.Tensor:
-    """``minillm.sampling.shape_logits`` on the device (float64), rows with temperature 0 scaled by 1."""
-    z = logits.double()
-    V = z.shape[1]
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature)).double()
-    z = z / t[:, None]
-    zs, order = torch.sort(z, dim=1, descending=True, stable=True)
-    k = torch.where((top_k <= 0) | (top_k >= V), torch.full_like(top_k, V), top_k)
-    kth = zs.gather(1, (k - 1)[:, None])
-    ps = torch.softmax(torch.where(zs < kth, torch.full_like(zs, -torch.inf), zs), dim=1)   # top-p after top-k
-    before = torch.cumsum(ps, dim=1) - ps
-    drop_sorted = (before >= top_p[:, None].double()) & (top_p[:, None] < 1)
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return torch.where((z < kth) | drop, torch.full_like(z, -torch.inf), z)
-
-
-def _gumbel(seed, step, V):
-    return -torch.log(-torch.log(counter_uniform(seed, step, V)))
-
-
-def _draw(z, logits, temperature, seed, step) -> torch.Tensor:
-    """Gumbel-max from shaped logits ``z`` where temperature > 0, the raw argmax elsewhere."""
-    drawn = (z + _gumbel(seed, step, z.shape[1])).argmax(dim=1)
-    return torch.where(temperature > 0, drawn, logits.argmax(dim=1))
-
-
-def sample_on_device(logits, temperature, top_k, top_p, seed, step) -> torch.Tensor:
-    """``minillm.sampling.sample_batch`` on the device, every row at once, no host sync.
-
-    Float64 like the NumPy version, so both pick the same token from the same logits (up to ties).
-    """
-    return _draw(shape_on_device(logits, temperature, top_k, top_p), logits, temperature, seed, step)
-
-
-def verify_on_device(logits, drafts, q, temperature, top_k, top_p, seed, step) -> torch.Tensor:
-    """``minillm.sampling.verify_batch`` on the device: the same streams and float64 arithmetic."""
-    z = shape_on_device(logits, temperature, top_k, top_p)      # once: the plain draw and p share it
-    out = _draw(z, logits, temperature, seed, step)
-    p = torch.softmax(z, dim=1)
-    d = drafts.clamp(min=0)[:, None]
-    pd = p.gather(1, d)[:, 0]
-    if q is None:
-        qd = torch.ones_like(pd)
-        r = p.scatter(1, d, 0.0)
-    else:
-        q = q.double()
-        qd = q.gather(1, d)[:, 0]
-        r = (p - q).clamp(min=0)
-    u = counter_uniform(sub_seed(seed.long(), ACCEPT), step, 1)[:, 0]
-    accept = u * qd < pd
-    resid = (torch.log(r) + _gumbel(sub_seed(seed.long(), RESIDUAL), step, p.shape[1])).argmax(dim=1)
-    hot = (drafts >= 0) & (temperature > 0)
-    return torch.where(hot, torch.where(accept, d[:, 0], resid), out)
-
-
-def draft_on_device(logits, temperature, top_k, top_p, seed, step, want_probs: bool = True):
-    """``minillm.sampling.draft_batch`` on the device for rows of which at least one samples (temperature > 0;
-    ``TorchRunner.draft`` answers an all-greedy pass with the argmax and no q, as NumPy does, without asking
-    the device): tokens, and q (zeros on greedy rows) or None."""
-    greedy = logits.argmax(dim=1)
-    hot = temperature > 0
-    z = shape_on_device(logits, temperature, top_k, top_p)
-    tokens = torch.where(hot, (z + _gumbel(sub_seed(seed.long(), DRAFT), step, z.shape[1])).argmax(dim=1), greedy)
-    if not want_probs:
-        return tokens, None
-    q = torch.where(hot[:, None], torch.softmax(z, dim=1), torch.zeros_like(z))
-    return tokens, q
-
 
 class TorchRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device=None, dtype=torch.bfloat16,
@@ -172,7 +92,7 @@ class TorchRunner:
 
     def _forward_static(self, st: dict, attn):
         return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
-                                         self.k_pool, self.v_pool, attn, logits_idx=st["last"])
+                                         self.k_pool, self.v_pool, attn, logits_rows=st["last"])
 
     def _fill(self, st: dict, batch, input_ids=None) -> int:
         """Copy a step into padded static buffers; padding sequences take 1 token each, the last takes the rest."""
@@ -285,7 +205,7 @@ class TorchRunner:
         attn = self._decode if decode_only else self._varlen
         rows = torch.from_numpy(batch.logits_rows).to(self.device)
         return self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
-                                         logits_idx=rows)
+                                         logits_rows=rows)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> np.ndarray:
@@ -294,9 +214,9 @@ class TorchRunner:
             tokens = logits.argmax(dim=1)          # the common case: no sort over the vocabulary
         elif batch.num_draft_tokens:
             drafts = torch.from_numpy(batch.row_drafts()).to(self.device)
-            tokens = verify_on_device(logits, drafts, batch.draft_probs, *self._sampling(batch))
+            tokens = torch_sampling.verify_batch(logits, drafts, batch.draft_probs, *self._sampling(batch))
         else:
-            tokens = sample_on_device(logits, *self._sampling(batch))
+            tokens = torch_sampling.sample_batch(logits, *self._sampling(batch))
         return tokens.cpu().numpy()
 
     # -- as a draft model (minillm.serving.draft.DraftModelProposer) --------------------------------------
@@ -340,7 +260,7 @@ class TorchRunner:
             return logits.argmax(dim=1), None
         dev = self.device
         args = [torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in (temperature, top_k, top_p, seeds, steps)]
-        return draft_on_device(logits, *args, want_probs=want_probs)
+        return torch_sampling.draft_batch(logits, *args, want_probs=want_probs)
 
     def zeros(self, rows: int, cols: int) -> torch.Tensor:
         return torch.zeros(rows, cols, dtype=torch.float64, device=self.device)
@@ -365,3 +285,11 @@ class TorchRunner:
 
     def now(self) -> float:
         return time.perf_counter()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
+    def prepare(self, config) -> None:
+        """Capture the CUDA graphs every step of a scheduler with ``config`` can replay (:meth:`capture_graphs`):
+        what ``LLM(runner="torch")`` does at startup. A no-op without graphs (CPU, ``cuda_graphs=False``)."""
+        self.capture_graphs(config.max_num_seqs, config.max_num_batched_tokens, config.num_speculative_tokens)
