@@ -121,8 +121,12 @@ def verify(p_rows, q_rows, draft_tokens, rng):
     Token i is accepted when u_i * q_i(d_i) < p_i(d_i), i.e. with probability min(1, p/q) (no division, so a
     zero q is safe). After the first rejection at position i, the next token comes from residual(p_i, q_i);
     with every draft accepted, it is a bonus draw from p_k. k = 0 is allowed: a plain target sampling step.
+    The rule itself is :func:`minillm.sampling.verify_probs`, the engine's too (:func:`~minillm.sampling.
+    verify_batch`); here its uniforms come from ``rng`` and its draws are inverse-CDF (:func:`sample_probs`).
     Returns ints for 1-D drafts, arrays of shape (N,) for 2-D drafts.
     """
+    from .sampling import verify_probs
+
     # BEGIN SOLUTION
     p_rows = np.asarray(p_rows, np.float64)
     d = np.asarray(draft_tokens, np.int64)
@@ -141,29 +145,29 @@ def verify(p_rows, q_rows, draft_tokens, rng):
 
     u = rng.random((N, k))
     u_next = rng.random(N)
-    pos = np.arange(k)
-    pd = p_rows[pos, d]                                        # (N, k) p_i(d_i)
-    qd = np.ones_like(pd) if q_rows is None else q_rows[pos, d]
-    accept = u * qd < pd
-    n_acc = np.where(accept.all(axis=1), k, np.argmin(accept, axis=1)) if k else np.zeros(N, np.int64)
+    pos = np.tile(np.arange(k), N)                             # trial n, position i -> row i
 
-    nxt = np.empty(N, np.int64)
-    for i in range(k + 1):
-        rows = np.flatnonzero(n_acc == i)
-        if rows.size == 0:
-            continue
-        if i == k:                                            # every draft accepted: bonus token from p_k
-            nxt[rows] = sample_probs(p_rows[k], u_next[rows])
-            continue
-        # rejected at position i: resample from max(p_i - q_i, 0). One-hot drafts have a residual that depends
-        # on the draft itself (p_i with d_i removed), so group the trials by their draft token.
-        groups = [(rows, q_rows[i])] if q_rows is not None else [
-            (rows[d[rows, i] == t], np.eye(1, V, t)[0]) for t in np.unique(d[rows, i])]
-        for r_idx, q in groups:
-            res = residual(p_rows[i], q)
-            # res is None only when p == q up to rounding; the rejection branch then has measure ~0 (it needs
+    def inverse_cdf(r, group, trials):                         # the trial's one uniform, from its residual
+        out = np.empty(trials.size, np.int64)
+        order = np.argsort(group, kind="stable")
+        bounds = np.searchsorted(group[order], np.arange(r.shape[0] + 1))
+        for g in range(r.shape[0]):
+            mine = order[bounds[g]:bounds[g + 1]]
+            s = r[g].sum()
+            # s == 0 only when p == q up to rounding; the rejection branch then has measure ~0 (it needs
             # u * q(d) >= p(d) with p(d) == q(d)), so falling back to p leaves the distribution unchanged.
-            nxt[r_idx] = sample_probs(p_rows[i] if res is None else res, u_next[r_idx])
+            dist = r[g] / s if s > 0 else p_rows[pos[trials[mine[0]]]]
+            out[mine] = sample_probs(dist, u_next[trials[mine] // k])
+        return out
+
+    accept, tok = verify_probs(p_rows[:k], q_rows, d.reshape(-1), u.reshape(-1), inverse_cdf, rows=pos)
+    accept, tok = accept.reshape(N, k), tok.reshape(N, k)
+    n_acc = np.where(accept.all(axis=1), k, np.argmin(accept, axis=1)) if k else np.zeros(N, np.int64)
+    nxt = np.empty(N, np.int64)
+    done = n_acc == k                                           # every draft accepted: bonus token from p_k
+    if done.any():
+        nxt[done] = sample_probs(p_rows[k], u_next[done])
+    nxt[~done] = tok[~done, n_acc[~done]]                       # the residual draw at the first rejection
     if single:
         return int(n_acc[0]), int(nxt[0])
     return n_acc.astype(np.int64), nxt
