@@ -3,8 +3,9 @@ import pytest
 
 from minillm import cached_decode, load_model, naive_decode
 from minillm.book import load_result
-from minillm.studies.composition import (Ladder, Rung, check_same_tokens, composed_ladder, measure_rung,
-                                         recorded_gpu_gap, recorded_gpu_ladder)
+from minillm.studies.composition import (BatchSweep, Ladder, Rung, check_same_tokens, composed_ladder,
+                                         leave_one_out, measure_rung, recorded_gpu_gap, recorded_gpu_ladder,
+                                         token_agreement)
 
 
 def test_measure_rung_counts_tokens_and_keeps_the_fastest_run():
@@ -156,3 +157,56 @@ def test_composed_ladder_reads_the_recorded_run_and_rejects_a_truncated_one():
     assert len(composed_ladder(cut, "llama1b")[0].names) == 5
     with pytest.raises(KeyError, match="5 rungs"):
         composed_ladder(cut, "llama1b", min_rungs=6)
+
+
+def test_token_agreement_counts_identical_requests_and_the_prefix_before_the_first_difference():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    got = [[1, 2, 3, 4], [5, 6, 0, 8], [0, 9, 9, 9]]
+    a = token_agreement(got, ref)
+    assert a["identical"] == pytest.approx(1 / 3) and a["prefix"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert token_agreement(got[:1], ref) == {"identical": 1.0, "prefix": 1.0}   # fewer requests than the reference
+    assert token_agreement([[1, 2]], [[1, 2, 3, 4]])["prefix"] == pytest.approx(0.5)   # a short answer
+    with pytest.raises(ValueError):
+        token_agreement(ref + [[1]], ref)
+    with pytest.raises(ValueError):
+        token_agreement([], ref)
+
+
+def test_leave_one_out_measures_every_factor_from_the_full_stack():
+    f = leave_one_out(100.0, {"graphs": 20.0, "batching": 5.0})
+    assert f == {"graphs": 5.0, "batching": 20.0}
+    # the ladder's factor for the same technique depends on its place: here graphs gave 4x at batch 1
+    lad = Ladder(["eager b1", "graphs b1", "graphs b32"], [1.0, 4.0, 100.0])
+    assert lad.steps[0] == 4.0 != f["graphs"]
+    with pytest.raises(ValueError):
+        leave_one_out(100.0, {"x": 0.0})
+    with pytest.raises(ValueError):
+        leave_one_out(0.0, {"x": 1.0})
+
+
+def test_batch_sweep_gives_both_views_and_the_first_batch_reaching_a_factor():
+    rows = [{"batch": b, "output_tok_per_s": 300.0 * b ** 0.8, "per_request_tok_per_s": 300.0 * b ** -0.2}
+            for b in (4, 1, 16)]
+    sw = BatchSweep.of(rows)
+    np.testing.assert_array_equal(sw.batch, [1, 4, 16])
+    agg, per = sw.gains(50.0)
+    np.testing.assert_allclose(agg, sw.tok_per_s / 50) and np.testing.assert_allclose(per, sw.per_request_tok_per_s / 50)
+    assert sw.first_batch_reaching(50.0, 6.0) == 1 and sw.first_batch_reaching(50.0, 15.0) == 4
+    assert sw.first_batch_reaching(50.0, 1e6) is None
+    with pytest.raises(ValueError):
+        BatchSweep([2, 1], [1.0, 2.0], [1.0, 1.0])
+    with pytest.raises(ValueError):
+        BatchSweep([1, 2], [1.0, -2.0], [1.0, 1.0])
+
+
+def test_the_recorded_bf16_study_is_complete():
+    bench = load_result("composed_bf16_h100.json")
+    m = bench["meta"]
+    assert m["gpu"].startswith("NVIDIA") and m["dtype"] == "bfloat16" and m["torch"] and m["triton"] and m["date"]
+    assert m["command"].startswith("python benchmarks/composed_bench.py --study")
+    rungs = [r["rung"] for r in bench["rungs"]]
+    assert rungs[:4] == ["HF, no KV cache (naive PyTorch)", "HF, KV cache", "engine, batch 1, eager", "+ CUDA graphs"]
+    assert len(rungs) == 6 and len(bench["leave_one_out"]) == 3 and bench["side"]
+    sw = [r for r in bench["sweep"] if r["cuda_graphs"]]
+    assert [r["batch"] for r in sw] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert all(r["new_tokens_per_request"] == 128 for r in bench["sweep"])

@@ -213,3 +213,73 @@ def hf_greedy(hf_model, prompts, n_new: int, use_cache: bool) -> list[list[int]]
                     feed = ids
             outs.append(new)
     return outs
+
+
+def token_agreement(tokens, reference) -> dict:
+    """How far greedy tokens agree with a reference, request by request: ``identical``, the share of requests
+    whose tokens all equal the reference's, and ``prefix``, the mean share of a request's tokens before its
+    first difference (1.0 for an identical request). In bf16 a kernel that sums in another order flips a
+    near-tied argmax now and then, and every token after the flip differs: ``prefix`` says how early."""
+    tokens, reference = [list(map(int, t)) for t in tokens], [list(map(int, t)) for t in reference]
+    if not tokens or len(tokens) > len(reference):
+        raise ValueError(f"{len(tokens)} requests to compare against {len(reference)} reference requests")
+    same, prefix = 0, []
+    for a, b in zip(tokens, reference):
+        if not b:
+            raise ValueError("a reference request has no tokens")
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        same += a == b
+        prefix.append(n / len(b))
+    return {"identical": same / len(tokens), "prefix": float(np.mean(prefix))}
+
+
+def leave_one_out(full: float, without: dict[str, float]) -> dict[str, float]:
+    """Each technique's factor measured from the full stack: ``full`` (tokens/s of the whole stack) over the
+    tokens/s of the stack with that one technique taken out (``without[name]``). Unlike a ladder's steps,
+    which depend on the rungs below each one, every factor here is measured against the same stack, so they
+    do not multiply to the whole gain: techniques that need each other (batching needs a step cheap enough to
+    share) each get credit for the part they enable together."""
+    if not np.isfinite(full) or full <= 0:
+        raise ValueError(f"full stack throughput must be positive, got {full}")
+    bad = {k: v for k, v in without.items() if not np.isfinite(v) or v <= 0}
+    if bad:
+        raise ValueError(f"throughputs must be positive, got {bad}")
+    return {name: float(full / tps) for name, tps in without.items()}
+
+
+@dataclass
+class BatchSweep:
+    """One configuration served at several batch sizes, every request of a batch arriving at once and asking
+    for the same number of tokens: the aggregate tokens/s of the server and what one request sees (its own
+    tokens over its time from arrival to its last token)."""
+
+    batch: np.ndarray
+    tok_per_s: np.ndarray            # aggregate: every request's output tokens over the wall time
+    per_request_tok_per_s: np.ndarray
+
+    def __post_init__(self):
+        self.batch = np.asarray(self.batch, dtype=int)
+        self.tok_per_s = np.asarray(self.tok_per_s, dtype=float)
+        self.per_request_tok_per_s = np.asarray(self.per_request_tok_per_s, dtype=float)
+        n = self.batch.size
+        if n < 1 or self.tok_per_s.size != n or self.per_request_tok_per_s.size != n:
+            raise ValueError("a sweep needs one aggregate and one per-request throughput per batch size")
+        if np.any(np.diff(self.batch) <= 0) or self.batch[0] < 1:
+            raise ValueError(f"batch sizes must be increasing and >= 1, got {self.batch}")
+        if np.any(self.tok_per_s <= 0) or np.any(self.per_request_tok_per_s <= 0):
+            raise ValueError("throughputs must be positive")
+
+    @classmethod
+    def of(cls, rows: list[dict]) -> "BatchSweep":
+        rows = sorted(rows, key=lambda r: r["batch"])
+        return cls([r["batch"] for r in rows], [r["output_tok_per_s"] for r in rows],
+                   [r["per_request_tok_per_s"] for r in rows])
+
+    def gains(self, baseline: float) -> tuple[np.ndarray, np.ndarray]:
+        """(aggregate, per request) over ``baseline`` tokens/s (one request served at a time)."""
+        return self.tok_per_s / baseline, self.per_request_tok_per_s / baseline
+
+    def first_batch_reaching(self, baseline: float, factor: float) -> int | None:
+        """The smallest batch whose aggregate throughput is ``factor`` times ``baseline`` or more, else None."""
+        hit = np.nonzero(self.tok_per_s / baseline >= factor)[0]
+        return int(self.batch[hit[0]]) if hit.size else None
