@@ -31,17 +31,13 @@ def provider_fn(name, q, k, v, causal):
     if name == "minillm":  # the defaults (fwd_plan's version, the tuned tiles)
         return lambda: flash_attention(q, k, v, causal=causal)
     if name == "minillm_headorder":  # the defaults with the causal grid one head at a time (the order before groups)
-        from minillm.kernels import flash_attention as fa
+        from minillm.kernels.flash_attention import FlashConfig
 
-        def one_head_at_a_time():
-            before, fa.CAUSAL_GROUP_PROGRAMS = fa.CAUSAL_GROUP_PROGRAMS, 1
-            try:
-                return flash_attention(q, k, v, causal=causal)
-            finally:
-                fa.CAUSAL_GROUP_PROGRAMS = before
-        return one_head_at_a_time
+        return lambda: flash_attention(q, k, v, causal=causal, config=FlashConfig(causal_group_programs=1))
     if name.startswith("minillm_"):  # one forward version, e.g. minillm_v1
-        return lambda: flash_attention(q, k, v, causal=causal, fwd_impl=name.split("_", 1)[1])
+        from minillm.kernels.flash_attention import FlashConfig
+
+        return lambda: flash_attention(q, k, v, causal=causal, config=FlashConfig(fwd=name.split("_", 1)[1]))
     if name == "flex":
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 

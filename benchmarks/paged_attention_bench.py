@@ -102,7 +102,7 @@ def main(argv=None):
         sys.exit("paged_attention_bench.py needs a CUDA GPU")
     hq, hkv, d = 32, 8, 128
     meta = run_meta(dtype="bfloat16", Hq=hq, Hkv=hkv, D=d, sms=torch.cuda.get_device_properties(0).multi_processor_count,
-                    default_tma=pa.DEFAULT_TMA, tma_host_descriptors=pa.TMA_HOST_DESCRIPTORS, tbps="bytes of K and V read per call / time, TB/s",
+                    tbps="bytes of K and V read per call / time, TB/s",
                     timing="triton.testing.do_bench_cudagraph, median of CUDA-graph replays (per-row 'timing' says if not)")
     rows = []
     print(f"{'B':>4s} {'L':>7s} {'block':>5s} {'provider':12s} {'ms':>8s} {'TB/s':>6s}")
@@ -119,8 +119,8 @@ def main(argv=None):
                 kc, vc = (to_pages(t, table, bs) for t in (k, v))
                 lens = torch.full((B,), L, device="cuda", dtype=torch.int32)
                 # checked once (validate=True reads the table back), then timed without the host check
-                got = paged_attention(q, kc, vc, table, lens).float()
-                loop = pa.last_decode_loop  # which decode loop the default ran (v1, or v3 with TMA)
+                got, info = pa.paged_decode(q, kc, vc, table, lens)
+                got, loop = got.float(), info.loop  # which decode loop the default ran (v1, or v3 with TMA)
                 diff = float((got - want).abs().max())
                 ms, how = bench_ms(lambda: paged_attention(q, kc, vc, table, lens, validate=False))
                 rows.append({"B": B, "L": L, "block_size": bs, "provider": "minillm", "ms": ms, "timing": how,

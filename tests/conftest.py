@@ -1,5 +1,3 @@
-import sys
-
 import numpy as np
 import pytest
 
@@ -21,20 +19,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_plans():
-    """flash_attention's launch plans cache the host's decisions per call key: every test starts and ends
-    without any, so that a test that patches a decision sees it made (nothing to do where the module is not
-    imported: it is only imported with torch and triton)."""
-    fa = sys.modules.get("minillm.kernels.flash_attention")
-    if fa is not None:
-        fa.clear_plans()
-    yield
-    fa = sys.modules.get("minillm.kernels.flash_attention")
-    if fa is not None:
-        fa.clear_plans()
 
 
 SMALL = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96, max_seq_len=128)

@@ -175,32 +175,20 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
          Part("kernels/paged_attention.py", "_paged_decode_kernel",
               "one program per (sequence, KV head, split): walk its tokens in TILE steps, find each token's "
               "physical block in the table, keep a running (m, l, acc) for the query heads of the group "
-              "(m in log2 units) and leave it in m, l, acc for _finish_split below, which stores or merges it"),
-         Part("kernels/paged_attention.py", "_table_entries",
-              "the physical block of each of the TILE tokens from t0 (-1 past the table's width) and the mask of "
-              "those inside the table and the pool", stretch=True),
-         Part("kernels/paged_attention.py", "_kv_tile",
-              "load one KV head's rows at positions pos from their blocks (slot = pos % BLOCK_SIZE); masked rows "
-              "read nothing", stretch=True),
-         Part("kernels/paged_attention.py", "_decode_loop_prefetch",
-              "v2 of the loop (prefetch=True): load the first tile and the next tile's table entries before the "
-              "loop; in each step issue the next tile's K/V and the table entries two tiles ahead, then do this "
-              "tile's online-softmax step", stretch=True),
-         Part("kernels/paged_attention.py", "_block_descriptor",
-              "a 2-D tensor descriptor over a pool: rows one slot apart (stride ss), as many as the pool holds, "
-              "(BLOCK_SIZE, HEAD_DIM) boxes", stretch=True),
+              "(m in log2 units) and leave it in m, l, acc for _finish_split below, which stores it or writes the output"),
          Part("kernels/paged_attention.py", "_decode_step_tma",
-              "one block of v3 (tma=True): its table entry, the box of its K and V at the block-and-head's "
+              "one block of v3 (PagedConfig(tma=True)): its table entry, the box of its K and V at the block-and-head's "
               "element offset (row = offset // ss, column = offset % ss), the online-softmax step; an entry "
               "outside the pool points past the descriptor (zeros) and weighs nothing, and MASKED masks scores "
               "past end and zeroes those value rows",
               stretch=True),
          Part("kernels/paged_attention.py", "_host_descriptors",
-              "the same two descriptors made on the host (triton.tools.tensor_descriptor.TensorDescriptor) over "
-              "the pools' 2-D views", stretch=True),
+              "v3's two descriptors, made on the host (triton.tools.tensor_descriptor.TensorDescriptor) over the "
+              "pools' 2-D views: rows one slot apart (stride ss), as many as the pool holds, (block_size, head_dim) "
+              "boxes", stretch=True),
          Part("kernels/paged_attention.py", "_decode_loop_tma",
-              "v3 of the loop: the descriptors (K_DESC / V_DESC from the host, or built here), the split's full "
-              "steps of TILE // BLOCK_SIZE blocks unmasked, then its last step's blocks masked if it runs past end",
+              "v3 of the loop: the split's full blocks unmasked, one block per step, then its last block masked if "
+              "it runs past end",
               stretch=True)),
         (5, 8),
         "The allocator keeps its invariants under random operation sequences, forks copy exactly one block "
@@ -234,10 +222,15 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "Accept or reject k draft tokens so that the emitted tokens follow the target's distribution "
         "exactly, whatever the drafter proposed.",
         (Part("speculative.py", "residual", "normalize(max(p - q, 0)); None when it has no mass"),
+         Part("sampling.py", "verify_probs",
+              "the rule on probability rows, randomness supplied: trial t keeps drafts[t] when "
+              "u_accept[t] * q(d) < p(d) (row rows[t]); each rejected trial gets resample(r, group, trials) from "
+              "the unnormalized residual max(p - q, 0) of its row (one-hot q when q is None: p with d zeroed), "
+              "each distinct residual computed once"),
          Part("speculative.py", "verify",
-              "validate shapes and token ids; accept d_i when u_i * q_i(d_i) < p_i(d_i); at the first "
-              "rejection resample from residual(p_i, q_i) (one-hot q when q_rows is None); all accepted: a bonus "
-              "draw from p_k with sample_probs; vectorize over N independent trials")),
+              "validate shapes and token ids; draw u (N, k) and one u_next per trial from rng; run verify_probs "
+              "on rows 0..k-1 with an inverse-CDF resample (sample_probs); n_accepted = the first rejection; "
+              "all accepted: a bonus draw from p_k with sample_probs; vectorize over N independent trials")),
         (3, 5),
         "The first emitted token passes a chi-square goodness-of-fit test against p for sampled, one-hot and "
         "greedy drafts (and a biased sampler fails it); p == q accepts everything; bad input raises.",

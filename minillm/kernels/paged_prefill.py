@@ -48,11 +48,10 @@ import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .launch import cdiv, fast_launch, next_power_of_2
+from .common import LOG2E, cdiv, next_power_of_2, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -91,15 +90,7 @@ def _varlen_inner(acc, l, m, q, KC, VC, TABLE, table_row, row_pos, dims, lo, hi,
         if MASKED:
             valid = in_k[None, :] & (pos[None, :] <= row_pos[:, None])  # the causal diagonal
             s = tl.where(valid, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-            p = tl.exp2(s - m_shift[:, None])
-        else:
-            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
-            m_shift = m_new
-            p = tl.exp2(s * qk_scale - m_shift[:, None])  # scale and shift in one FMA
-        alpha = tl.exp2(m - m_shift)  # exp2(-inf) = 0: nothing to rescale yet
-        l = l * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l = softmax_step(s, m, l, qk_scale, MASKED, MASKED)  # (unmasked: scale in the FMA)
         if MASKED:
             v = tl.load(v_ptrs, mask=in_k[:, None] & dmask[None, :], other=0.0)
         elif PAD_D:
@@ -238,8 +229,8 @@ def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     out = torch.empty((T, Hq, D), device=q.device, dtype=out_dtype)
     grid = (cdiv(max_seqlen_q, tokens), S, Hkv)
-    fast_launch(
-        _varlen_kernel, grid, q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale * LOG2E, T,
+    _varlen_kernel[grid](
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, out, scale * LOG2E, T,
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         block_tables.stride(0), block_tables.shape[1], block_size, num_blocks,
         GROUP=group, TOKENS=tokens, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, PAD_D=block_d != D,

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import INTERPRETED  # noqa: F401  (sets TRITON_INTERPRET on CPU before the kernel is defined)
-from .launch import fast_launch, next_power_of_2
+from .common import next_power_of_2
 
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -66,6 +66,5 @@ def softmax(x: torch.Tensor, block: int = 1024) -> torch.Tensor:
     y = torch.empty_like(rows)
     block = min(block, next_power_of_2(rows.shape[1]))
     block = max(block, 16)
-    fast_launch(_online_softmax_kernel, (rows.shape[0],), rows, y, rows.shape[1], rows.stride(0), y.stride(0),
-                BLOCK=block)
+    _online_softmax_kernel[(rows.shape[0],)](rows, y, rows.shape[1], rows.stride(0), y.stride(0), BLOCK=block)
     return y.reshape(x.shape)

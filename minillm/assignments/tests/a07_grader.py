@@ -221,29 +221,13 @@ def test_triton_paged_decode_huge_logits_and_splits(rng):
 
 
 @pytest.mark.stretch
-@pytest.mark.parametrize("tile, bs, splits", [(16, 3, 1), (16, 16, 2), (32, 5, 3)])
-def test_triton_paged_decode_prefetch_loop(rng, tile, bs, splits):
-    """Stretch: v2 of the loop (prefetch=True) on odd block sizes, one-token sequences and several splits."""
-    hq, hkv, d, nb = 8, 2, 16, 40
-    lens = np.array([1, 37, 70], np.int32)
-    q = rng.normal(size=(3, hq, d)).astype(np.float32)
-    kc, vc = (rng.normal(size=(nb, bs, hkv, d)).astype(np.float32) for _ in range(2))
-    need = int(np.ceil(lens.max() / bs))
-    table = np.stack([rng.permutation(nb)[:need] for _ in range(3)]).astype(np.int32)
-    got = _triton(q, kc, vc, table, lens, prefetch=True, tile=tile, num_splits=splits)
-    np.testing.assert_allclose(got, paged_attention(q, kc, vc, table, lens), rtol=1e-4, atol=1e-5)
+@pytest.mark.parametrize("bs, splits", [(16, 1), (16, 3), (32, 2)])
+def test_triton_paged_decode_tma_loop(rng, bs, splits):
+    """Stretch: v3 of the loop (PagedConfig(tma=True): one whole block per step, copied by TMA through descriptors
+    made on the host) with one-token sequences, sequences ending inside a block, and slots past every sequence's
+    end holding NaN."""
+    from minillm.kernels.paged_attention import PagedConfig
 
-
-@pytest.mark.stretch
-@pytest.mark.parametrize("host", [False, True])
-@pytest.mark.parametrize("bs, splits, tile", [(16, 1, None), (16, 3, 16), (32, 2, 64)])
-def test_triton_paged_decode_tma_loop(rng, bs, splits, tile, host, monkeypatch):
-    """Stretch: v3 of the loop (tma=True: whole blocks per step, one or several, each copied whole; its
-    descriptors built in the kernel and made on the host) with one-token sequences, sequences ending inside a
-    block, steps running past the table's width, and slots past every sequence's end holding NaN."""
-    from minillm.kernels import paged_attention as pa
-
-    monkeypatch.setattr(pa, "TMA_HOST_DESCRIPTORS", host)
     hq, hkv, d, nb = 8, 2, 16, 40
     lens = np.array([1, 37, 70], np.int32)
     q = rng.normal(size=(3, hq, d)).astype(np.float32)
@@ -255,5 +239,5 @@ def test_triton_paged_decode_tma_loop(rng, bs, splits, tile, host, monkeypatch):
         if n % bs:
             kc[table[b, n // bs], n % bs:] = np.nan
             vc[table[b, n // bs], n % bs:] = np.nan
-    got = _triton(q, kc, vc, table, lens, tma=True, num_splits=splits, tile=tile)
+    got = _triton(q, kc, vc, table, lens, config=PagedConfig(tma=True, num_splits=splits))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

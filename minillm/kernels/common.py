@@ -1,0 +1,144 @@
+"""What the attention kernels share: the MMA, the online-softmax step, tile loads and ranges, and the host's
+helpers (integer arithmetic, the SM count, the allocator tensor descriptors need)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from . import INTERPRETED
+
+LOG2E = 1.4426950408889634
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the host (``triton.cdiv`` goes through Triton's JIT wrapper on every call)."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (n >= 1), for the host."""
+    return 1 << (n - 1).bit_length()
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def num_sms(device) -> int:
+    """The device's streaming multiprocessors (4 in the interpreter, which has none)."""
+    return 4 if INTERPRETED else _sm_count(torch.device(device))
+
+
+def _torch_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def use_torch_allocator() -> None:
+    """Hand Triton torch memory for the scratch space in-kernel tensor descriptors are written to
+    (``tl.make_tensor_descriptor``). The allocator lives in a context variable, so it is set on every call that
+    launches such a kernel (autograd runs the backward on a thread of its own); this replaces an allocator the
+    caller set."""
+    if not INTERPRETED:
+        triton.set_allocator(_torch_scratch)
+
+
+def tma_aligned(*tensors) -> bool:
+    """Whether TMA can address these (B, H, N, D) tensors: 16-byte aligned base pointers and row strides, the last
+    dimension contiguous, no broadcast (stride 0) dimension. Anything else runs pointer loads."""
+    for t in tensors:
+        size = t.element_size()
+        if t.data_ptr() % 16 or t.stride(-1) != 1 or any(st <= 0 or st * size % 16 for st in t.stride()[:3]):
+            return False
+    return True
+
+
+@triton.jit
+def load_tile(ptrs, in_rows, in_cols, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """tl.load with only the masks a tile needs: interior tiles of a power-of-two head dim load unmasked."""
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            x = tl.load(ptrs, mask=in_rows & in_cols, other=0.0)
+        else:
+            x = tl.load(ptrs, mask=in_rows, other=0.0)
+    else:
+        if CHECK_COLS:
+            x = tl.load(ptrs, mask=in_cols, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def mma(a, b, acc, IEEE: tl.constexpr):
+    """acc + a @ b on the tensor cores (or in exact fp32 for fp32 inputs)."""
+    if IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def softmax_step(s, m, l, qk_scale, SCALED: tl.constexpr, SAFE: tl.constexpr):
+    """One step of the online softmax over a tile of scores ``s`` (rows x keys); m, the running max, is in log2
+    units. Returns (p, alpha, m_new, l_new): the tile's unnormalized probabilities, the factor that rescales what
+    was accumulated before, the new max and the new sum.
+
+    SCALED: ``s`` is already multiplied by qk_scale (and masked scores are -inf); else the scale is applied here,
+    in the same FMA as the shift. SAFE: a row may not have seen a key yet (max -inf): it is shifted by 0, so that
+    its p and alpha are 0 instead of NaN; an unmasked tile needs no such check."""
+    if SCALED:
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+    else:
+        m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+    if SAFE:
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_shift = m_new
+    if SCALED:
+        p = tl.exp2(s - m_shift[:, None])
+    else:
+        p = tl.exp2(s * qk_scale - m_shift[:, None])
+    alpha = tl.exp2(m - m_shift)  # exp2(-inf) = 0: nothing to rescale yet
+    return p, alpha, m_new, l * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def causal_order(NUM_M, BH, GROUP_HEADS):
+    """(query tile, batch x head) of this program of a causal (NUM_M, BH) grid, heaviest first by groups of
+    GROUP_HEADS heads. The hardware starts programs in order, x fastest; program i of a group of g heads takes
+    tile NUM_M - 1 - i // g of head i % g, so every head of the group starts its last (largest) tile before
+    any starts a smaller one, and the grid ends on the one-tile diagonals instead of on whole heads.
+    GROUP_HEADS = 1 is one head at a time; the last group may hold fewer heads."""
+    linear = tl.program_id(1) * NUM_M + tl.program_id(0)
+    per_group = GROUP_HEADS * NUM_M
+    group = linear // per_group
+    r = linear - group * per_group
+    g = tl.minimum(GROUP_HEADS, BH - group * GROUP_HEADS)
+    return NUM_M - 1 - r // g, group * GROUP_HEADS + r % g
+
+
+@triton.jit
+def key_range(m0, Nk, offset, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full, hi) for the query tile starting at row m0: key tiles [0, full) are valid for every row of
+    the tile and run unmasked; [full, hi) need masks (the causal diagonal, and the ragged last tile when
+    Nk is not a multiple of BLOCK_N). Causal: query i sees keys j <= i + offset."""
+    full = (Nk // BLOCK_N) * BLOCK_N
+    hi = Nk
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(Nk, m0 + BLOCK_M + offset), 0)
+        first_row_sees = tl.maximum(m0 + offset + 1, 0)  # keys the tile's first row sees
+        full = tl.minimum(full, (first_row_sees // BLOCK_N) * BLOCK_N)
+    return full, hi
+
+
+@triton.jit
+def normalize(acc, l, m):
+    """The forward's epilogue: O = acc / l and the natural-log LSE (m is in log2 units); a row that saw
+    no key gets zeros and lse = -inf."""
+    l_safe = tl.where(l > 0, l, 1.0)
+    return acc / l_safe[:, None], tl.where(l > 0, (m + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
