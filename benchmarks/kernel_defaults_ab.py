@@ -1,0 +1,96 @@
+"""Time the kernels' defaults of one minillm tree (issue 33: before / after the consolidation).
+
+    PYTHONPATH=<tree> python3 benchmarks/kernel_defaults_ab.py --label new --out $OUT/new_1.json
+
+Only the public calls both trees share: flash_attention(q, k, v, causal=...) forward (no grad) and forward +
+backward (autograd), and paged_attention(..., validate=False); every call as the defaults run it. Each case is
+timed eagerly (triton.testing.do_bench, median) and replayed from a CUDA graph (do_bench_cudagraph, median).
+``--compare a.json b.json ...`` prints, per case, the median over the files of each label and the ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+FLASH = [(d, n, causal) for d in (64, 128) for n in (1024, 4096) for causal in (False, True)] + \
+        [(128, 16384, False), (128, 16384, True), (128, 32768, True)]
+PAGED = [(b, 4096, bs) for b in (1, 16, 32, 64) for bs in (16, 64)]
+
+
+def cases():
+    import torch
+
+    import minillm.kernels  # noqa: F401  (before triton)
+    from minillm.kernels.flash_attention import flash_attention
+    from minillm.kernels.paged_attention import paged_attention
+
+    for d, n, causal in FLASH:
+        b, h = (4, 32) if n <= 4096 else (1, 32)
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        yield f"fwd d={d} N={n} causal={causal}", lambda q=q, k=k, v=v, c=causal: flash_attention(q, k, v, causal=c)
+        if n <= 4096:
+            qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+            do = torch.randn_like(q)
+
+            def step(qg=qg, kg=kg, vg=vg, do=do, c=causal):
+                return torch.autograd.grad(flash_attention(qg, kg, vg, causal=c), (qg, kg, vg), do)
+            yield f"fwd+bwd d={d} N={n} causal={causal}", step
+    hq, hkv, d = 32, 8, 128
+    for b, L, bs in PAGED:
+        nb = L // bs
+        table = torch.randperm(b * nb, device="cuda").to(torch.int32).view(b, nb)
+        kc, vc = (torch.randn(b * nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((b,), L, device="cuda", dtype=torch.int32)
+        yield (f"paged B={b} L={L} block={bs}",
+               lambda q=q, kc=kc, vc=vc, t=table, n=lens: paged_attention(q, kc, vc, t, n, validate=False))
+
+
+def run(label: str, out: str) -> None:
+    import torch
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    rows = []
+    for name, fn in cases():
+        fn()
+        torch.cuda.synchronize()
+        eager = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        with torch.cuda.stream(torch.cuda.Stream()):
+            graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
+        rows.append({"case": name, "eager_ms": eager, "graph_ms": graph})
+        print(f"{label:4s} {name:32s} eager {eager:8.4f} ms  graph {graph:8.4f} ms", flush=True)
+    with open(out, "w") as f:
+        json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+
+
+def compare(paths) -> None:
+    by = defaultdict(lambda: defaultdict(list))  # case -> (label, mode) -> times
+    for p in paths:
+        doc = json.load(open(p))
+        for r in doc["rows"]:
+            for mode in ("eager_ms", "graph_ms"):
+                by[r["case"]][doc["label"], mode].append(r[mode])
+    print(f"{'case':32s} {'old eager':>10s} {'new eager':>10s} {'new/old':>8s} {'old graph':>10s} {'new graph':>10s} "
+          f"{'new/old':>8s}")
+    for case, t in by.items():
+        med = {k: statistics.median(v) for k, v in t.items()}
+        cells = []
+        for mode in ("eager_ms", "graph_ms"):
+            old, new = med.get(("old", mode)), med.get(("new", mode))
+            cells += [f"{old:10.4f}", f"{new:10.4f}", f"{new / old:8.3f}"] if old and new else ["-"] * 3
+        print(f"{case:32s} " + " ".join(cells))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--label")
+    ap.add_argument("--out")
+    ap.add_argument("--compare", nargs="+")
+    a = ap.parse_args()
+    if a.compare:
+        compare(a.compare)
+    else:
+        sys.exit(run(a.label, a.out))
