@@ -157,6 +157,7 @@ def verify_probs(p, q, drafts, u_accept, resample, rows=None):
     draws: ``r`` (G, V) the unnormalized residuals, ``group[i]`` the residual of rejected trial ``trials[i]``;
     it returns one token per rejected trial. Returns (accepted (R,) bool, tokens (R,) int64).
     """
+    # BEGIN SOLUTION
     p = np.asarray(p, np.float64)
     V = p.shape[1]
     d = np.asarray(drafts, np.int64)
@@ -178,6 +179,7 @@ def verify_probs(p, q, drafts, u_accept, resample, rows=None):
             r[np.arange(uniq.size), uniq % V] = 0.0
         tokens[trials] = resample(r, group.reshape(-1), trials)
     return accept, tokens
+    # END SOLUTION
 
 
 def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds, steps) -> np.ndarray:

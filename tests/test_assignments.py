@@ -333,7 +333,8 @@ def test_unpack_rejects_wrong_assignment_tampered_and_foreign_files(tmp_path, st
 def test_cli_pack_runs_the_public_tests_and_writes_the_zip(tmp_path):
     tree = tmp_path / "tree"
     build(tree, [9])
-    shutil.copy(PACKAGE_DIR / "speculative.py", tree / "minillm" / "speculative.py")   # "solved"
+    for name in ("speculative.py", "sampling.py"):                                        # "solved"
+        shutil.copy(PACKAGE_DIR / name, tree / "minillm" / name)
     r = subprocess.run([sys.executable, "-m", "minillm.assignments", "pack", str(tree), "-a", "9"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "3 passed" in r.stdout and (tree / "assignment-09-submission.zip").exists()
