@@ -109,3 +109,16 @@ def test_study_runs_on_the_serving_scheduler(trace, results, strategy):
     extra_prefill = runner.prefill_tokens - sum(r.prompt_len for r in trace)
     assert got.recomputed_tokens == extra_prefill - got.preemptions > 0
     assert got.max_concurrent == max(runner.batch_sizes)
+
+
+def test_measuring_runner_is_a_runner_and_sleeps_on_the_inner_clock():
+    from minillm.serving.interfaces import Runner
+    from minillm.studies.fragmentation import _MeasuringRunner
+
+    missing = [name for name in ("now", "sleep", "prepare", "execute") if not callable(getattr(_MeasuringRunner, name, None))]
+    assert not missing, f"_MeasuringRunner lacks Runner members: {missing}"
+    r = _MeasuringRunner(manager=None, pool_tokens=16)
+    t0 = r.now()
+    r.sleep(2.5)
+    r.prepare(None)
+    assert r.now() == t0 + 2.5 and Runner is not None

@@ -110,6 +110,12 @@ class _MeasuringRunner:
     def now(self) -> float:
         return self.inner.now()
 
+    def sleep(self, seconds: float) -> None:  # the rest of the Runner protocol: the inner runner's clock
+        self.inner.sleep(seconds)
+
+    def prepare(self, config) -> None:
+        self.inner.prepare(config)
+
     def execute(self, batch):
         running = len(batch.seqs)               # the budget is never the limit: every running sequence is here
         live = int(batch.context_lens.sum())
