@@ -25,7 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "claims_ledger.md"
 INVENTORY = ROOT / "minillm" / "data" / "source_claims.json"
-SCOPE_KINDS = ("arithmetic", "live", "recorded", "simulated", "cited")  # minillm.book.SCOPES, in this order
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from minillm.book import SCOPES  # noqa: E402  (this checkout's package)
+
+SCOPE_KINDS = tuple(SCOPES)
 
 # The line minillm.book.verdict prints (minillm.book.verdict_line): the state, the claim as a Python string
 # literal (repr), what was computed, and the scope. A line without a scope is read too (scope ""), so that the
@@ -33,7 +37,7 @@ SCOPE_KINDS = ("arithmetic", "live", "recorded", "simulated", "cited")  # minill
 VERDICT_LINE = re.compile(
     r"^(?P<verdict>holds|DOES NOT HOLD|holds only when (?P<condition>.+?)): claim "
     r"(?P<claim>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"); computed (?P<computed>.*?)"
-    r"(?:; scope (?P<scope>(?:arithmetic|live|recorded|simulated|cited): .*))?$"
+    rf"(?:; scope (?P<scope>(?:{'|'.join(SCOPE_KINDS)}): .*))?$"
 )
 
 
