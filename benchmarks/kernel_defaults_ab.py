@@ -20,7 +20,7 @@ FLASH = [(d, n, causal) for d in (64, 128) for n in (1024, 4096) for causal in (
 PAGED = [(b, 4096, bs) for b in (1, 16, 32, 64) for bs in (16, 64)]
 
 
-def cases():
+def cases(bwd_impl=None):
     import torch
 
     import minillm.kernels  # noqa: F401  (before triton)
@@ -30,14 +30,18 @@ def cases():
     for d, n, causal in FLASH:
         b, h = (4, 32) if n <= 4096 else (1, 32)
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        yield f"fwd d={d} N={n} causal={causal}", lambda q=q, k=k, v=v, c=causal: flash_attention(q, k, v, causal=c)
-        if n <= 4096:
+        if not bwd_impl:
+            yield f"fwd d={d} N={n} causal={causal}", lambda q=q, k=k, v=v, c=causal: flash_attention(q, k, v, causal=c)
+        if n <= 4096 and (not bwd_impl or n > 1024):
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
             do = torch.randn_like(q)
 
             def step(qg=qg, kg=kg, vg=vg, do=do, c=causal):
-                return torch.autograd.grad(flash_attention(qg, kg, vg, causal=c), (qg, kg, vg), do)
+                kw = {"bwd_impl": bwd_impl} if bwd_impl else {}  # (the archive tree only: its versions)
+                return torch.autograd.grad(flash_attention(qg, kg, vg, causal=c, **kw), (qg, kg, vg), do)
             yield f"fwd+bwd d={d} N={n} causal={causal}", step
+    if bwd_impl:  # a version of the archived backward against the defaults: the fwd+bwd cases only
+        return
     hq, hkv, d = 32, 8, 128
     for b, L, bs in PAGED:
         nb = L // bs
@@ -49,12 +53,12 @@ def cases():
                lambda q=q, kc=kc, vc=vc, t=table, n=lens: paged_attention(q, kc, vc, t, n, validate=False))
 
 
-def run(label: str, out: str) -> None:
+def run(label: str, out: str, bwd_impl: str | None = None) -> None:
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
     rows = []
-    for name, fn in cases():
+    for name, fn in cases(bwd_impl):
         fn()
         torch.cuda.synchronize()
         eager = do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -81,6 +85,11 @@ def compare(paths) -> None:
         for mode in ("eager_ms", "graph_ms"):
             old, new = med.get(("old", mode)), med.get(("new", mode))
             cells += [f"{old:10.4f}", f"{new:10.4f}", f"{new / old:8.3f}"] if old and new else ["-"] * 3
+        others = sorted({lab for lab, _ in t} - {"old", "new"})
+        for lab in others:  # e.g. an archived backward version: its ratio to the old defaults
+            for mode in ("eager_ms", "graph_ms"):
+                if med.get(("old", mode)) and med.get((lab, mode)):
+                    cells.append(f"{lab}/old {mode[:5]} {med[lab, mode] / med['old', mode]:.3f}")
         print(f"{case:32s} " + " ".join(cells))
 
 
@@ -89,8 +98,9 @@ if __name__ == "__main__":
     ap.add_argument("--label")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs="+")
+    ap.add_argument("--bwd-impl", help="archive tree only: time this backward version in the fwd+bwd cases")
     a = ap.parse_args()
     if a.compare:
         compare(a.compare)
     else:
-        sys.exit(run(a.label, a.out))
+        sys.exit(run(a.label, a.out, a.bwd_impl))
