@@ -83,6 +83,16 @@ def mma(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def dot(a, b, IEEE: tl.constexpr):
+    """a @ b on the tensor cores (or in exact fp32 for fp32 inputs), into a fresh fp32 accumulator."""
+    if IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
 def softmax_step(s, m, l, qk_scale, SCALED: tl.constexpr, SAFE: tl.constexpr):
     """One step of the online softmax over a tile of scores ``s`` (rows x keys); m, the running max, is in log2
     units. Returns (p, alpha, m_new, l_new): the tile's unnormalized probabilities, the factor that rescales what

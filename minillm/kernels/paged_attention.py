@@ -35,7 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import cdiv, next_power_of_2, num_sms, softmax_step
+from .common import cdiv, dot, mma, next_power_of_2, num_sms, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
@@ -117,17 +117,11 @@ def _paged_decode_kernel(Q, KC, VC, TABLE, LENS, M_OUT, L_OUT, O_OUT, OUT, qk_sc
             slot = pos % BLOCK_SIZE
             kmask = pmask[:, None] & dmask[None, :]
             k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kmask, other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * qk_scale
+            s = dot(q, tl.trans(k), IEEE) * qk_scale
             s = tl.where(pmask[None, :], s, float("-inf"))
             p, alpha, m_new, l = softmax_step(s, m, l, qk_scale, True, True)
             v = tl.load(VC + phys[:, None] * svb + slot[:, None] * svs + hk * svh + dims[None, :], mask=kmask, other=0.0)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
             m = m_new
     # END SOLUTION
     _finish_split(m, l, acc, M_OUT, L_OUT, O_OUT, OUT, Hq, GROUP, num_splits, HEAD_DIM=HEAD_DIM,
@@ -198,10 +192,7 @@ def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_sca
     row = (off // ss).to(tl.int32)
     col = (off % ss).to(tl.int32)
     k = k_desc.load([row, col])
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-    else:
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = dot(q, tl.trans(k), IEEE) * qk_scale
     if MASKED:
         valid = ((t0 + tl.arange(0, BLOCK_SIZE)) < end) & ok
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -211,10 +202,7 @@ def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_sca
     v = v_desc.load([row, col])
     if MASKED:
         v = tl.where(valid[:, None], v, 0.0)
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
     # END SOLUTION
     return m_new, l, acc
 

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import LOG2E, cdiv, next_power_of_2, softmax_step
+from .common import LOG2E, cdiv, dot, load_tile, mma, next_power_of_2, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -77,31 +77,14 @@ def _varlen_inner(acc, l, m, q, KC, VC, TABLE, table_row, row_pos, dims, lo, hi,
         v_ptrs = VC + v_head + phys[:, None] * svb + slot[:, None] * svs + dims[None, :]
         # Past hi a slot may never have been written (a torch.empty pool holds NaNs), and a -inf score
         # does not cancel a NaN value (0 * NaN = NaN): the masked tiles mask their loads too.
-        if MASKED:
-            k = tl.load(k_ptrs, mask=in_k[:, None] & dmask[None, :], other=0.0)
-        elif PAD_D:
-            k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        k = load_tile(k_ptrs, in_k[:, None], dmask[None, :], MASKED, PAD_D)
+        s = dot(q, tl.trans(k), IEEE)
         if MASKED:
             valid = in_k[None, :] & (pos[None, :] <= row_pos[:, None])  # the causal diagonal
             s = tl.where(valid, s * qk_scale, float("-inf"))
         p, alpha, m_new, l = softmax_step(s, m, l, qk_scale, MASKED, MASKED)  # (unmasked: scale in the FMA)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=in_k[:, None] & dmask[None, :], other=0.0)
-        elif PAD_D:
-            v = tl.load(v_ptrs, mask=dmask[None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
-        acc = acc * alpha[:, None]
-        if IEEE:
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(v.dtype), v, acc)
+        v = load_tile(v_ptrs, in_k[:, None], dmask[None, :], MASKED, PAD_D)
+        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
         m = m_new
     return acc, l, m
 
