@@ -20,7 +20,8 @@ Splitting a long sequence across programs is what keeps the GPU busy at small
 batch: with B * Hkv programs alone, a batch of one would use a handful of SMs.
 The variants the H200 studies rejected (a hand-written prefetch loop, the merge by the last
 split through an atomic ticket, programmatic dependent launch of the merge, descriptors built
-in the kernel, several blocks per TMA step) are in the git tag ``archive/kernel-experiments``.
+in the kernel, several blocks per TMA step) and the results files the docstrings below name are in
+the git tag ``archive/kernel-experiments``.
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def _decode_loop_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, start, end, qk_
     v1 gathers each tile row by row with per-thread addresses. Here each block's keys and values are one box of a
     tensor descriptor (made on the host, :func:`_host_descriptors`): a single thread issues each copy, the data
     lands in shared memory, and Triton's pipeliner keeps the next block's copies in flight while this one computes
-    (at 3 stages: results/aot_resources_paged_v3_sm90.txt). The full blocks of the split run unmasked; the last,
+    (at 3 stages: aot_resources_paged_v3_sm90.txt). The full blocks of the split run unmasked; the last,
     which may run past the sequence's end, masked (``start`` is block-aligned: a split is whole blocks).
     """
     # BEGIN SOLUTION
@@ -208,9 +209,11 @@ def _decode_step_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, t0, end, qk_sca
 
 
 @triton.jit
-def _merge_row(M, L, O, OUT, row, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    """Merge the partials of one (sequence, query head):
+def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         SPLITS_PAD: tl.constexpr):
+    """One program per (sequence, query head) merges its splits' partials:
     o = sum_s 2^(m_s - m*) o_s / sum_s 2^(m_s - m*) l_s."""
+    row = tl.program_id(0)
     sp = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, BLOCK_D)
     smask = sp < num_splits
@@ -223,20 +226,12 @@ def _merge_row(M, L, O, OUT, row, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: t
     tl.store(OUT + row * HEAD_DIM + dims, out.to(OUT.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
-@triton.jit
-def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         SPLITS_PAD: tl.constexpr):
-    """One program per (sequence, query head)."""
-    _merge_row(M, L, O, OUT, tl.program_id(0), num_splits, HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, SPLITS_PAD=SPLITS_PAD)
-
-
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
     """As many splits as fit in one wave of ~4 programs per SM, never a slice under one 64-token tile.
 
-    From the split sweeps on the H200 (benchmarks/results/paged_attention_h200.json, rows marked
-    ``sweep``): at batch 1 the time falls until ~64 splits fill the SMs; at batch 16 (128 programs
-    unsplit) 4 splits (512 programs, one wave) beat both 5 and 9, which spill into a second,
-    mostly idle wave. Rounding down keeps the grid inside the first wave.
+    From the split sweeps on the H200 (paged_attention_h200.json, rows marked ``sweep``): at batch 1 the time
+    falls until ~64 splits fill the SMs; at batch 16 (128 programs unsplit) 4 splits (512 programs, one wave)
+    beat both 5 and 9, which spill into a second, mostly idle wave. Rounding down keeps the grid in one wave.
     """
     if INTERPRETED:
         return 1
@@ -246,7 +241,7 @@ def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
 def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
     """The decode kernel's default (num_warps, num_stages) for a batch; None stages: Triton's default.
 
-    From the num_warps x num_stages sweeps on the H200 (benchmarks/results/paged_decode_study_h200.json;
+    From the num_warps x num_stages sweeps on the H200 (paged_decode_study_h200.json;
     bf16, Hq=32, Hkv=8, D=128, block size 16, default splits): at B=1, 4 warps with 1 stage were best
     up to L=4K and with 2 stages at L=16K; at B>=16, 2 stages were best, with 2 warps where
     B * L >= 256K tokens (B=16 L=16K, B=64 L>=4K) and 4 warps below (within 1% of 2 warps at
@@ -261,7 +256,7 @@ def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
 
 def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
     """Whether a call with tma=None runs v3 (one block per step, copied by TMA), from the H200
-    studies (benchmarks/results/paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
+    studies (paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
     table). v3 keeps a whole block in flight while it computes the one before, so one program per (sequence,
     KV head) streams fast enough on its own, and one or two splits (``tma_splits``) need no or one small
     merge. That wins where batch * Hkv alone about fills the SMs once or twice (more than half of them, at
@@ -284,7 +279,7 @@ def tma_splits(tile: int, max_len: int) -> int:
 def tma_shared_bytes(stages: int, tile: int, head_dim: int, element_size: int) -> int:
     """Shared memory one v3 program holds, as Triton 3.6 compiles it for sm_90: (stages - 1) buffers of a
     step's K and V plus about 8 KiB (72 / 136 KiB at 2 / 3 stages with 128-token steps, D=128, bf16;
-    results/aot_resources_paged_v3_sm90.txt lists the compiled numbers this model follows)."""
+    aot_resources_paged_v3_sm90.txt lists the compiled numbers this model follows)."""
     return max(stages - 1, 1) * 2 * tile * head_dim * element_size + 8192
 
 
@@ -373,8 +368,6 @@ def decode_dims(q, k_cache, v_cache, block_table, seq_lens, validate: bool) -> t
         raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
     check_placement(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     return dims
-
-
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None, validate: bool = True,

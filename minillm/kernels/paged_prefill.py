@@ -33,8 +33,8 @@ causal diagonal (one or two per program: the tile holds BLOCK_M / GROUP tokens) 
 This kernel does not split one sequence's keys across programs (the decode kernel's split-K):
 a batch of a few long decodes runs on S * Hkv programs only. The decode kernel
 (``minillm.kernels.paged_attention``) remains the faster choice for a batch of pure decodes.
-Measured once on the H200 (bf16, Hq=32, Hkv=8, D=128, 16-token blocks; a one-off sweep, not in
-benchmarks/results): a 4096-token prefill 0.48 ms (286 TFLOP/s; the contiguous flash kernel 0.34 ms),
+Measured once on the H200 (bf16, Hq=32, Hkv=8, D=128, 16-token blocks; a one-off sweep, no results
+file): a 4096-token prefill 0.48 ms (286 TFLOP/s; the contiguous flash kernel 0.34 ms),
 64 decodes at context 2048 0.18 ms (decode kernel 0.15 ms), 8 decodes at 8192 0.27 ms (decode
 kernel 0.085 ms, thanks to split-K).
 """
