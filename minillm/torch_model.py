@@ -135,17 +135,23 @@ class TorchModel(nn.Module):
         return ang.cos().float(), ang.sin().float()
 
     def forward_ragged(self, ids, positions, slot_mapping, block_tables, context_lens, cu_seqlens_q,
-                       k_pool, v_pool, attn_fn, logits_rows=None) -> torch.Tensor:
+                       k_pool, v_pool, attn_fn, logits_rows=None, batch_invariant: bool = False) -> torch.Tensor:
         """``Model.forward_ragged`` in torch: one serving step over a paged pool; returns (rows, V) logits.
 
         All arguments are tensors on one device; nothing here reads them on the host, so the call can
         be captured in a CUDA graph. ``slot_mapping`` must be valid slots (the runner sends padded rows
         to a spare block). ``attn_fn(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q)``
         is the paged attention to use; ``logits_rows`` the rows to project (default: every row; the NumPy
-        model's default is each sequence's last row).
+        model's default is each sequence's last row). ``batch_invariant=True`` runs every matmul and RMSNorm
+        through ``minillm.kernels.batch_invariant`` (fixed reduction orders: a row's bits do not depend on the
+        other rows); pass its ``attention_bi`` as ``attn_fn`` too (chapter 11).
         """
         cfg = self.config
         T = ids.shape[0]
+        if batch_invariant:
+            from .kernels.batch_invariant import matmul_bi as mm, rmsnorm_bi as norm
+        else:
+            mm, norm = torch.matmul, _rms
         hd, H, Hkv = cfg.d_head, cfg.n_heads, cfg.n_kv_heads
         cos, sin = self.rope_at(positions)
 
@@ -154,27 +160,27 @@ class TorchModel(nn.Module):
 
         x = self.tok_emb[ids]
         for i, blk in enumerate(self.layers):
-            h = _rms(x, blk.attn_norm, cfg.norm_eps)
+            h = norm(x, blk.attn_norm, cfg.norm_eps)
             if self.fused:                    # one product instead of three (fuse_projections)
-                q, k, v = (h @ blk.wqkv).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
+                q, k, v = mm(h, blk.wqkv).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
             else:
-                q, k, v = h @ blk.wq, h @ blk.wk, h @ blk.wv
+                q, k, v = mm(h, blk.wq), mm(h, blk.wk), mm(h, blk.wv)
             q = rot(q.reshape(T, H, hd))
             k = rot(k.reshape(T, Hkv, hd))
             v = v.reshape(T, Hkv, hd)
             k_pool[i].view(-1, Hkv, hd).index_copy_(0, slot_mapping, k.to(k_pool.dtype))
             v_pool[i].view(-1, Hkv, hd).index_copy_(0, slot_mapping, v.to(v_pool.dtype))
             a = attn_fn(q.to(k_pool.dtype), k_pool[i], v_pool[i], block_tables, context_lens, cu_seqlens_q)
-            x = x + a.reshape(T, H * hd).to(x.dtype) @ blk.wo
-            h = _rms(x, blk.mlp_norm, cfg.norm_eps)
+            x = x + mm(a.reshape(T, H * hd).to(x.dtype), blk.wo)
+            h = norm(x, blk.mlp_norm, cfg.norm_eps)
             if self.fused:
-                gate, up = (h @ blk.w_gate_up).chunk(2, dim=-1)
+                gate, up = mm(h, blk.w_gate_up).chunk(2, dim=-1)
             else:
-                gate, up = h @ blk.w_gate, h @ blk.w_up
-            x = x + (F.silu(gate) * up) @ blk.w_down
+                gate, up = mm(h, blk.w_gate), mm(h, blk.w_up)
+            x = x + mm(F.silu(gate) * up, blk.w_down)
         if logits_rows is not None:
             x = x[logits_rows]
-        return _rms(x, self.norm, cfg.norm_eps) @ self.lm_head
+        return mm(norm(x, self.norm, cfg.norm_eps), self.lm_head)
 
 
 def torch_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q):

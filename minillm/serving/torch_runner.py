@@ -9,7 +9,11 @@ every decode batch size and mixed-step token bucket the scheduler can produce. A
   (``minillm.kernels.paged_attention``), replayed from a CUDA graph captured for the padded batch size;
 * a step with prefill chunks uses the varlen kernel (``minillm.kernels.paged_prefill``), replayed from a
   CUDA graph captured for the padded token count where one was captured (``prepare``), else eagerly;
-* ``attention="torch"`` swaps both for a gather + SDPA baseline (slow; for checking).
+* ``attention="torch"`` swaps both for a gather + SDPA baseline (slow; for checking);
+* ``batch_invariant=True`` (chapter 11) runs every step, decode or mixed, through the batch-invariant kernels
+  of ``minillm.kernels.batch_invariant``: one attention path with a fixed split size, and every matmul and
+  RMSNorm with a reduction order fixed per row, so a sequence's logits have the same bits whatever else is in
+  the batch (and whatever graph bucket pads it); CUDA graphs as usual.
 
 The pools have one extra block past the block manager's: padded graph rows write their K/V there.
 """
@@ -28,7 +32,8 @@ from .runner import sampling_arrays
 
 class TorchRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device=None, dtype=torch.bfloat16,
-                 attention: str = "triton", cuda_graphs: bool = True, max_graph_batch: int = 256):
+                 attention: str = "triton", cuda_graphs: bool = True, max_graph_batch: int = 256,
+                 batch_invariant: bool = False):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
         if not isinstance(model, TorchModel):
@@ -42,7 +47,14 @@ class TorchRunner:
         self.v_pool = torch.zeros(shape, dtype=dtype, device=self.device)
         self.trash_slot = self.num_blocks * self.block_size
         self.max_blocks = -(-cfg.max_seq_len // self.block_size)
-        if attention == "triton":
+        self.batch_invariant = bool(batch_invariant)
+        if batch_invariant and attention != "triton":
+            raise ValueError("batch_invariant=True runs its own Triton kernels: leave attention='triton'")
+        if batch_invariant:
+            from ..kernels.batch_invariant import attention_bi
+            self._decode = self._varlen = lambda q, kc, vc, bt, cl, cu: attention_bi(q, kc, vc, bt, cl, cu,
+                                                                                      validate=False)
+        elif attention == "triton":
             from ..kernels.paged_attention import paged_attention as decode_kernel
             from ..kernels.paged_prefill import paged_varlen_attention as varlen_kernel
             self._decode = lambda q, kc, vc, bt, cl, cu: decode_kernel(q, kc, vc, bt, cl, validate=False)
@@ -92,7 +104,8 @@ class TorchRunner:
 
     def _forward_static(self, st: dict, attn):
         return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
-                                         self.k_pool, self.v_pool, attn, logits_rows=st["last"])
+                                         self.k_pool, self.v_pool, attn, logits_rows=st["last"],
+                                         batch_invariant=self.batch_invariant)
 
     def _fill(self, st: dict, batch, input_ids=None) -> int:
         """Copy a step into padded static buffers; padding sequences take 1 token each, the last takes the rest."""
@@ -205,7 +218,7 @@ class TorchRunner:
         attn = self._decode if decode_only else self._varlen
         rows = torch.from_numpy(batch.logits_rows).to(self.device)
         return self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
-                                         logits_rows=rows)
+                                         logits_rows=rows, batch_invariant=self.batch_invariant)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> np.ndarray:
