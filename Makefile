@@ -55,11 +55,14 @@ execute: $(STAMP)
 
 # A wheel with the checkpoints and recorded results inside (for Colab or a bare GPU box): dist/*.whl.
 # Built by pip in a venv of its own (pip fetches setuptools into an isolated build environment), not in the
-# 2 GB book environment; tests/test_packaging.py checks what the wheel holds.
+# 2 GB book environment; tests/test_packaging.py checks what the wheel holds. The recorded results are
+# committed once, in benchmarks/results/: the build copies them into minillm/results/ (package data, git-ignored)
+# and removes the copy after.
 DIST_VENV := build/dist-venv
 dist:
-	rm -rf dist build && $(PYTHON) -m venv $(DIST_VENV)
-	$(DIST_VENV)/bin/python -m pip wheel -q --no-deps -w dist .
+	rm -rf dist build minillm/results && $(PYTHON) -m venv $(DIST_VENV)
+	mkdir -p minillm/results && cp benchmarks/results/*.json minillm/results/
+	$(DIST_VENV)/bin/python -m pip wheel -q --no-deps -w dist . ; status=$$?; rm -rf minillm/results; exit $$status
 
 # Installs the wheel into a fresh venv as the README tells a pip user without a GPU (torch, then
 # minillm[cpu,notebook] from the package index) and runs a kernel in Triton's interpreter (needs the network).

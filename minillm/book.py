@@ -104,22 +104,34 @@ def median_seconds(fn, repeats: int = 3) -> float:
 
 
 def result_path(name: str) -> Path:
-    """A recorded GPU results file: ``benchmarks/results/<name>`` in a checkout, else the copy the package
-    ships in ``minillm/results/`` (a test keeps the two identical). No path relative to the notebook."""
+    """A recorded GPU results file, one per benchmark suite and GPU (``flash_h200.json``): ``benchmarks/results/``
+    in a checkout, else the copy an installed wheel ships in ``minillm/results/`` (``make dist`` puts it there).
+    No path relative to the notebook."""
     for folder in (_PACKAGE.parent / "benchmarks" / "results", _PACKAGE / "results"):
         if (folder / name).exists():
             return folder / name
     raise FileNotFoundError(f"no recorded result {name!r} in a checkout's benchmarks/results or in the package")
 
 
-def load_result(name: str) -> dict:
-    return json.loads(result_path(name).read_text())
+def load_result(name: str, record: str | None = None) -> dict:
+    """A results file (``{"suite", "gpu", "records"}``), or with ``record`` one record of it, as the benchmark
+    wrote it: its own ``meta`` (GPU, versions, date, command) and its data, e.g.
+    ``load_result("flash_h200.json", "flash_attention")`` is the flash suite's grid recorded on the H200."""
+    doc = json.loads(result_path(name).read_text())
+    if record is None:
+        return doc
+    if record not in doc["records"]:
+        raise KeyError(f"{name} has no record {record!r}; it has {sorted(doc['records'])}")
+    return doc["records"][record]
 
 
-def benchmark_script(name: str) -> Path | None:
-    """``benchmarks/<name>`` when running from a checkout (the scripts are not in the installed package)."""
-    path = _PACKAGE.parent / "benchmarks" / name
-    return path if path.exists() else None
+def benchmark_command(suite: str) -> list[str] | None:
+    """The command that runs one suite of the benchmark harness (``python -m benchmarks SUITE``) from a checkout;
+    None from an installed package (the harness is not in the wheel). Append options such as ``--out FILE``."""
+    import sys
+
+    harness = _PACKAGE.parent / "benchmarks"
+    return [sys.executable, str(harness), suite] if (harness / "bench.py").exists() else None
 
 
 def source_claims(path: Path | None = None) -> list[dict]:

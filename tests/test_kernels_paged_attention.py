@@ -276,7 +276,7 @@ def test_decode_config_is_within_2_percent_of_the_best_swept_config():
     table picks for every swept (B, L) runs within 2% of the fastest one there."""
     from minillm.book import load_result
 
-    rows = [r for r in load_result("paged_decode_study_h200.json")["rows"] if r.get("part") == "sweep" and r.get("tbps")]
+    rows = [r for r in load_result("paged_h200.json", "paged_decode_study")["rows"] if r.get("part") == "sweep" and r.get("tbps")]
     points = sorted({(r["B"], r["L"]) for r in rows})
     assert len(points) >= 9
     for B, L in points:

@@ -103,20 +103,17 @@ def test_make_dist_does_not_install_the_book_environment():
     plan = subprocess.run(["make", "-n", "dist", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True,
                           text=True, check=True).stdout
     assert "pip wheel" in plan and "-w dist" in plan
+    assert "cp benchmarks/results/*.json minillm/results/" in plan  # the results go into the wheel at build time
     assert "requirements.txt" not in plan and "nonexistent-venv" not in plan, plan
 
 
 def _build_wheel(out: Path) -> Path:
-    """The wheel of a copy of the sources (the clone's tree is left alone: no build/ or egg-info written there)."""
-    src = out / "src"
-    src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "minillm", src / "minillm",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(out / "dist"), str(src)], check=True)
-    return next((out / "dist").glob("minillm-*.whl"))
+    """The wheel as ``make wheel-test`` builds it: tools/run_from_wheel.py's build_wheel (a copy of the sources, the
+    recorded results of benchmarks/results copied into the package)."""
+    spec = importlib.util.spec_from_file_location("run_from_wheel", ROOT / "tools" / "run_from_wheel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_wheel(out)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +138,10 @@ def test_wheel_holds_every_package_file_checkpoints_and_recorded_results(wheel):
     for f in ("minillm/weights/tiny.npz", "minillm/weights/draft.npz", "minillm/weights/medusa_tiny.npz",
               "minillm/weights/tiny_log.json"):
         assert f in names
-    assert sum(n.startswith("minillm/results/") and n.endswith(".json") for n in names) >= 50
+    # the recorded results, committed once in benchmarks/results/, shipped as package data by the build
+    recorded = {f"minillm/results/{p.name}" for p in (ROOT / "benchmarks" / "results").glob("*.json")}
+    assert len(recorded) >= 6 and recorded <= names, recorded - names
+    assert {n for n in names if n.startswith("minillm/results/")} == recorded
     assert any(n.startswith("minillm/data/") for n in names)
     assert any(n.startswith("minillm/assignments/tests/") for n in names)
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "chapters/"))]

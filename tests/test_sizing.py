@@ -290,7 +290,7 @@ def test_gpus_memory_is_what_the_device_reports_not_the_decimal_label():
 
 
 def test_gpus_h200_is_the_recorded_device_memory():
-    assert GPUS["H200"].memory_bytes == load_result("hardware_h200.json")["meta"]["total_memory_bytes"]
+    assert GPUS["H200"].memory_bytes == load_result("hardware_h200.json", "hardware")["meta"]["total_memory_bytes"]
 
 
 def test_capacity_reads_the_one_gpu_registry():

@@ -72,7 +72,7 @@ def test_ladder_rejects_bad_input():
 
 
 def test_recorded_gpu_ladder_reads_the_serving_results():
-    bench = load_result("serving_h200.json")
+    bench = load_result("serving_h200.json", "serving")
     lad = recorded_gpu_ladder(bench, "llama1b")
     runs = {(r["model"], r["policy"], r.get("max_num_seqs", r.get("batch"))): r["output_tok_per_s"]
             for r in bench["runs"] if "output_tok_per_s" in r}
@@ -84,7 +84,7 @@ def test_recorded_gpu_ladder_reads_the_serving_results():
 
 
 def test_recorded_gpu_gap_multiplies_factors_of_one_request_set_each():
-    bench = load_result("serving_h200.json")
+    bench = load_result("serving_h200.json", "serving")
     gap = recorded_gpu_gap(bench, "llama1b")
     runs = {(r["model"], r["policy"], r.get("max_num_seqs", r.get("batch"))): r["output_tok_per_s"]
             for r in bench["runs"] if "output_tok_per_s" in r}
@@ -146,7 +146,7 @@ def test_ladder_composition_ignores_steps_after_the_fastest_rung():
 
 
 def test_composed_ladder_reads_the_recorded_run_and_rejects_a_truncated_one():
-    bench = load_result("composed_h200.json")
+    bench = load_result("composed_h200.json", "composed")
     rows = [r for r in bench["rungs"] if r["model"] == "llama1b"]
     lad, same = composed_ladder(bench, "llama1b", min_rungs=6)
     assert lad.names == [r["rung"] for r in rows] and len(lad.names) == 6
@@ -200,7 +200,7 @@ def test_batch_sweep_gives_both_views_and_the_first_batch_reaching_a_factor():
 
 
 def test_the_recorded_bf16_study_is_complete():
-    bench = load_result("composed_bf16_h100.json")
+    bench = load_result("composed_h100.json", "composed_bf16")
     m = bench["meta"]
     assert m["gpu"].startswith("NVIDIA") and m["dtype"] == "bfloat16" and m["torch"] and m["triton"] and m["date"]
     assert m["command"].startswith("python benchmarks/composed_bench.py --study")

@@ -2,7 +2,8 @@
 
     python tools/run_from_wheel.py chapters/*.ipynb
 
-Builds the wheel, installs it (no dependencies: the running environment provides them) into a temporary
+Builds the wheel from a copy of the sources with the recorded results put into the package, as ``make dist``
+does (:func:`build_wheel`; tests/test_packaging.py builds it the same way), installs it (no dependencies: the running environment provides them) into a temporary
 folder that goes first on PYTHONPATH, copies only the notebooks into another temporary folder, and runs them
 there under strict nbval: every stored output must come out the same. A first cell, inserted in each copy,
 checks that ``minillm`` really is the installed copy and that no checkout is next to it.
@@ -32,11 +33,27 @@ OLD_CPU = {
 }
 
 
+def build_wheel(out: Path) -> Path:
+    """The wheel of a copy of the sources under ``out`` (the clone's tree is left alone: no build/, egg-info or
+    results copy written there), with ``benchmarks/results/*.json``, committed once, copied into the package as
+    ``minillm/results/`` (package data), where ``minillm.book.result_path`` finds them once installed."""
+    src = out / "src"
+    src.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "minillm", src / "minillm", ignore=shutil.ignore_patterns(
+        "__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints", "results"))
+    (src / "minillm" / "results").mkdir()
+    for f in (ROOT / "benchmarks" / "results").glob("*.json"):
+        shutil.copy(f, src / "minillm" / "results" / f.name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(out / "dist"), str(src)], check=True)
+    return next((out / "dist").glob("minillm-*.whl"))
+
+
 def main(notebooks: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="minillm-wheel-"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(work / "dist"), str(ROOT)], check=True)
-    wheel = next((work / "dist").glob("minillm-*.whl"))
+    wheel = build_wheel(work)
     site = work / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True)
