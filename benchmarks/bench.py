@@ -41,7 +41,7 @@ def _usage() -> str:
 
 
 def _harness_parser(suite: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m benchmarks {suite}", add_help=False,
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks {suite}", add_help=False, allow_abbrev=False,
                                 description=f"harness options (the suite's own follow): {SUITES[suite]}")
     p.add_argument("--out", help="write the record to this file alone (not into results/)")
     p.add_argument("--record", help="the record's name in results/<suite>_<gpu>.json (default: the suite's)")
