@@ -133,8 +133,8 @@ def matmul_reference(x, w, block_k: int = MATMUL_BLOCK_K) -> np.ndarray:
     """x @ w (x (M, K), w (K, N)) with a float32 accumulator that takes one K tile of ``block_k`` at a time,
     in order: acc = fl32(acc + fl32(x[:, tile] @ w[tile, :])). Each tile's product is computed in float64 and
     rounded once, so no library's choice of order (which may depend on M) reaches the result: row i's bits
-    depend on row i of x and on w only. Returns x's dtype (float32 for float64 inputs is not done: float64
-    stays float64)."""
+    depend on row i of x and on w only (up to float64's own last bit, which survives the rounding to float32
+    only in vanishingly rare ties). Returns x's dtype."""
     x, w = np.asarray(x), np.asarray(w)
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
         raise ValueError(f"x must be (M, K) and w (K, N), got {x.shape} and {w.shape}")
