@@ -14,7 +14,9 @@ Same signatures and layouts as the NumPy references in :mod:`minillm.batch_invar
   multiples of ``SPLIT`` positions, a fixed split SIZE (the default decode kernel picks a split COUNT from
   the batch, and a TMA loop by the batch), and the pieces are merged in order. Key tiles past a row's own
   position are fully masked: they add exact zeros and rescale by exactly 1, so a row computes the same
-  bits as a decode, as a verify row or inside a prefill chunk, at any place in any batch.
+  bits as a decode, as a verify row or inside a prefill chunk, at any place in any batch. (The rescale is set
+  to exactly 1 where a row's maximum does not move, not computed as 2^0: the invariance does not rest on the
+  accuracy of the hardware's exp2.)
 
 The configuration is fixed per dtype (no autotuning, no shape-dependent choice). The row count is not a
 specialization key (``do_not_specialize``): Triton compiles a separate kernel for an integer argument equal
@@ -30,7 +32,7 @@ import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import LOG2E, cdiv, dot, mma, next_power_of_2, softmax_step
+from .common import LOG2E, cdiv, dot, mma, next_power_of_2
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -137,6 +139,18 @@ def rmsnorm_bi(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 # ---- attention --------------------------------------------------------------------------------------------
+@triton.jit
+def _step(s, m, l):
+    """The online-softmax step on scaled, masked scores s (log2 units). Where a row's maximum does not move (every
+    tile past the row's own position) the rescale is exactly 1, set rather than computed as 2^0, so such a tile
+    leaves (m, l, acc) bit for bit as they were whatever the hardware's exp2 gives for 0; its p is 2^-inf = 0."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row that has seen no key yet: p = 0, not NaN
+    p = tl.exp2(s - m_shift[:, None])
+    alpha = tl.where(m_new == m, 1.0, tl.exp2(m - m_shift))
+    return p, alpha, m_new, l * alpha + tl.sum(p, axis=1)
+
+
 @triton.jit(do_not_specialize=["T", "num_splits"])
 def _attention_kernel(Q, KC, VC, TABLE, LENS, CU, O, MP, LP, OP, qk_scale, T, num_splits,
                       sqt, sqh, skb, sks, skh, svb, svs, svh, sot, soh, stb, max_blocks, BLOCK_SIZE, num_blocks,
@@ -185,7 +199,7 @@ def _attention_kernel(Q, KC, VC, TABLE, LENS, CU, O, MP, LP, OP, qk_scale, T, nu
         s = dot(q, tl.trans(k), IEEE)
         # one arithmetic for every tile: scale, then mask (a fully masked tile adds exact zeros, rescales by 1)
         s = tl.where(in_k[None, :] & (pos[None, :] <= row_pos[:, None]), s * qk_scale, float("-inf"))
-        p, alpha, m_new, l = softmax_step(s, m, l, qk_scale, True, True)
+        p, alpha, m_new, l = _step(s, m, l)
         v = tl.load(VC + phys[:, None] * svb + slot[:, None] * svs + hk * svh + dims[None, :], mask=kv_mask, other=0.0)
         acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
         m = m_new
@@ -217,8 +231,8 @@ def _merge_kernel(MP, LP, OP, O, num_splits, sot, soh, Hq, HEAD_DIM: tl.constexp
         o_s = tl.load(OP + (row * num_splits + s) * BLOCK_D + dims)
         m_new = tl.maximum(m, m_s)
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp2(m - shift)
-        b = tl.exp2(m_s - shift)
+        a = tl.where(m_new == m, 1.0, tl.exp2(m - shift))          # exactly 1 where the maximum stays
+        b = tl.where(m_s == float("-inf"), 0.0, tl.exp2(m_s - shift))
         acc = acc * a + o_s * b
         l = l * a + l_s * b
         m = m_new
