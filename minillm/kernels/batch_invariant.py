@@ -151,7 +151,7 @@ def _step(s, m, l):
     return p, alpha, m_new, l * alpha + tl.sum(p, axis=1)
 
 
-@triton.jit(do_not_specialize=["T", "num_splits"])
+@triton.jit(do_not_specialize=["T", "num_splits", "max_blocks"])
 def _attention_kernel(Q, KC, VC, TABLE, LENS, CU, O, MP, LP, OP, qk_scale, T, num_splits,
                       sqt, sqh, skb, sks, skh, svb, svs, svh, sot, soh, stb, max_blocks, BLOCK_SIZE, num_blocks,
                       GROUP: tl.constexpr, TOKENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
