@@ -169,7 +169,7 @@ def test_engine_rejects_bad_requests_and_keeps_the_others(small_model, prompt, p
 
 @pytest.mark.parametrize("kw,match", [
     (dict(max_tokens=0), "max_tokens"), (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k"), (dict(temperature=float("nan")), "temperature"),
     (dict(seed=-1), "seed"), (dict(seed=2**32), r"seed.*2\*\*32"), (dict(stop_token_ids=(3, -3)), "stop_token_ids"),
 ])
 def test_sampling_params_reject_bad_values(kw, match):

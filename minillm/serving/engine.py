@@ -3,8 +3,9 @@
 ``LLMEngine`` ties a :class:`Scheduler` (which tokens run next), a :class:`BlockManager` (where their
 K/V live) and a runner (which computes them) together. ``add_request`` / ``step`` is the streaming
 interface a server loop calls; ``generate`` runs a list of prompts to completion; ``stream`` yields one
-request's tokens as they come while everything else in the engine keeps running. ``LLM`` builds an
-engine for a shipped model with one of the three runners.
+request's tokens as they come while everything else in the engine keeps running. ``LLM``
+(:mod:`minillm.serving.llm`) builds an engine for a shipped model with one of the three runners, behind
+vLLM's offline API; the output types are in :mod:`minillm.serving.outputs`.
 
 Bad requests raise a clear exception from ``add_request`` and are never queued, so nothing already in
 the engine is affected. A request that hits an internal error once it is running is finished with
@@ -22,7 +23,6 @@ its end aborts its request.
 """
 from __future__ import annotations
 
-import inspect
 import numbers
 import sys
 import threading
@@ -33,47 +33,26 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..model import check_prompt_ids
+from ..sampling import SEED_LIMIT
+from . import processing
 from .block_manager import BlockManager
-from .interfaces import Drafter, LookupDrafter, MemoryManager, PromptLookup, Runner, as_drafter
+from .interfaces import Drafter, DraftRunner, LookupDrafter, MemoryManager, PromptLookup, Runner, as_drafter
+from .outputs import CompletionOutput, Logprob, RequestOutput, TextDeltas, merge_samples
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence, _int
 
+__all__ = ["CompletionOutput", "LLMEngine", "Logprob", "RequestFailed", "RequestOutput", "TokenStream"]
 
-@dataclass
-class RequestOutput:
-    request_id: int
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    text: str | None
-    finished: bool
-    finish_reason: str | None
-    arrival_time: float
-    first_token_time: float | None
-    token_times: list[float] = field(repr=False)
-    finish_time: float | None
-    num_cached_tokens: int = 0
-    num_preemptions: int = 0
-    error: str | None = None        # the internal error that finished this request (finish_reason "error")
 
-    @property
-    def ttft(self) -> float:
-        """Time to first token: arrival to the first sampled token."""
-        return self.first_token_time - self.arrival_time
-
-    @property
-    def e2e(self) -> float:
-        return self.finish_time - self.arrival_time
-
-    @property
-    def itl(self) -> list[float]:
-        """Inter-token latencies: the gaps between consecutive tokens."""
-        return list(np.diff(self.token_times))
-
-    @property
-    def tpot(self) -> float:
-        """Time per output token after the first (NaN for a one-token answer)."""
-        n = len(self.token_times)
-        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else float("nan")
+@dataclass(eq=False)
+class _Request(Sequence):
+    """A Sequence plus what only the front end needs: the prompt's text, per-token logprobs, stop strings."""
+    prompt_text: str | None = None
+    logprobs: list = field(default_factory=list)     # one dict[int, Logprob] per output token (if asked for)
+    cumulative_logprob: float = 0.0
+    stop_reason: str | int | None = None
+    text_end: int | None = None         # the text is cut here (before the stop string that ended it)
+    stop_checked: int = 0               # output tokens already searched for stop strings
 
 
 class RequestFailed(RuntimeError):
@@ -132,6 +111,18 @@ class TokenStream:
                 eng.step()
         raise StopIteration
 
+    def text(self) -> Iterator[str]:
+        """The same stream as text pieces: each step's new text, held back while it may be part of a
+        multi-byte character or of a stop string (see :class:`~minillm.serving.outputs.TextDeltas`)."""
+        deltas = TextDeltas(self._seq.params.stop)
+        for _ in self:
+            piece = deltas.push(self.engine.text(self._seq), self._seq.finished)
+            if piece:
+                yield piece
+        piece = deltas.push(self.engine.text(self._seq), True)
+        if piece:
+            yield piece
+
     def close(self) -> None:
         """Abort the request if it has not finished, and let the engine forget it."""
         if self._open:
@@ -181,7 +172,21 @@ class LLMEngine:
         return None if self.drafter is None or isinstance(self.drafter, LookupDrafter) else self.drafter
 
     # -- requests ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _unpack(prompt):
+        """(text or token ids, the prompt's text or None): vLLM's prompt dicts ``{"prompt": text}`` and
+        ``{"prompt_token_ids": ids}`` are accepted besides a text and a list of ids."""
+        if isinstance(prompt, dict):
+            keys = set(prompt) - {"multi_modal_data", "mm_processor_kwargs"}
+            if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], prompt["prompt"]
+            if keys <= {"prompt_token_ids", "prompt"} and "prompt_token_ids" in keys:
+                return prompt["prompt_token_ids"], prompt.get("prompt")
+            raise ValueError(f"a prompt dict holds 'prompt' (a text) or 'prompt_token_ids', got keys {sorted(prompt)}")
+        return prompt, prompt if isinstance(prompt, str) else None
+
     def _encode(self, prompt) -> list[int]:
+        prompt = self._unpack(prompt)[0]
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise TypeError("this engine has no tokenizer: pass token ids")
@@ -193,7 +198,7 @@ class LLMEngine:
                                  f"position {e.start} is a lone surrogate ({e.reason})") from None
         return check_prompt_ids(prompt, self.vocab_size)
 
-    def _check_params(self, params) -> SamplingParams:
+    def _check_params(self, params, one_sample: bool = True) -> SamplingParams:
         """``params`` (None: the defaults) checked against this engine: a clear error if they cannot apply."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -202,10 +207,21 @@ class LLMEngine:
         if bad:
             raise ValueError(f"stop_token_ids {bad} lie outside the vocabulary [0, {self.vocab_size}): "
                              f"the model can never emit them")
+        if one_sample and params.n != 1:
+            raise ValueError(f"add_request and stream run one sample (n=1), got n={params.n}: generate() runs n "
+                             f"samples per prompt (or add n requests, with seeds seed + i)")
+        if params.needs_host_sampling and not isinstance(self.runner, DraftRunner):
+            raise ValueError(f"min_p, repetition_penalty and logprobs need a runner that computes logits; "
+                             f"{type(self.runner).__name__} computes none")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (this engine has none): use stop_token_ids")
         return params
 
     def add_request(self, prompt, params: SamplingParams | None = None, arrival_time: float | None = None) -> int:
-        """Queue a request; return its id. Raises (and queues nothing) if the request is invalid."""
+        """Queue a request; return its id. Raises (and queues nothing) if the request is invalid.
+
+        ``prompt``: a text, a list of token ids, or vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``.
+        One sample per request (``params.n`` must be 1)."""
         with self._lock:
             return self._add(prompt, params, arrival_time)
 
@@ -219,7 +235,8 @@ class LLMEngine:
                 not np.isfinite(arrival_time):
             raise ValueError(f"arrival_time must be a finite number (seconds on the runner's clock), "
                              f"got {arrival_time!r}")
-        seq = Sequence(self._next_id, ids, params, float(arrival_time), seed=seed)
+        seq = _Request(self._next_id, ids, params, float(arrival_time), seed=seed,
+                       prompt_text=self._unpack(prompt)[1])
         self.scheduler.add(seq)         # raises RequestRejected for a request that can never fit
         self.requests[seq.seq_id] = seq
         self._next_id += 1
@@ -264,10 +281,22 @@ class LLMEngine:
             s = self._seq(request_id)
             if s.finished:
                 del self.requests[request_id]
-            text = self.tokenizer.decode(s.output) if self.tokenizer is not None else None
+            text = self.text(s)
+            lps = list(getattr(s, "logprobs", ())) if s.params.logprobs is not None else None
+            comp = CompletionOutput(0, text, list(s.output), getattr(s, "cumulative_logprob", 0.0)
+                                    if lps is not None else None, lps, s.finish_reason, getattr(s, "stop_reason", None))
             return RequestOutput(s.seq_id, list(s.prompt), list(s.output), text, s.finished, s.finish_reason,
                                  s.arrival_time, s.first_token_time, list(s.token_times), s.finish_time,
-                                 s.num_cached_prompt, s.num_preemptions, s.error)
+                                 s.num_cached_prompt, s.num_preemptions, s.error, getattr(s, "prompt_text", None),
+                                 [comp])
+
+    def text(self, seq: Sequence) -> str | None:
+        """A sequence's output as text (cut before the stop string that ended it), or None without a tokenizer."""
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(seq.output)
+        end = getattr(seq, "text_end", None)
+        return text if end is None else text[:end]
 
     # -- stepping ----------------------------------------------------------------------------------------
     def step(self) -> list[int]:
@@ -288,12 +317,62 @@ class LLMEngine:
             self.drafter.propose(batch)        # a draft model fills the reserved drafts
         for observe in self.step_observers:
             observe(batch)
-        token_ids = self.runner.execute(batch)
-        got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, self.runner.now())
+        token_ids, row_logprobs = processing.execute(self.runner, batch)
+        rows = batch.row_params() if row_logprobs is not None else None    # before the outputs grow
+        now = self.runner.now()
+        got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, now)
+        if row_logprobs is not None:
+            self._keep_logprobs(batch, rows, token_ids, row_logprobs)
+        for s in got:
+            if s.params.stop_token_ids and s.finish_reason == "stop" and s.output[-1] in s.params.stop_token_ids:
+                s.stop_reason = s.output[-1]
+            if s.params.stop and s.finish_reason not in ("abort", "error"):
+                self._check_stop_strings(s, now)
         if self.drafter is not None:
             self.drafter.commit([s for s in batch.seqs if not s.finished])
         self._release([s for s in batch.seqs if s.finished] + self.scheduler.take_failed())
         return [s.seq_id for s in got]
+
+    def _keep_logprobs(self, batch, row_params, token_ids, rows) -> None:
+        """Attach each row's logprobs to the output token it produced (rows of rejected drafts are dropped)."""
+        seq_idx, step = row_params
+        dec = self.tokenizer.decode if self.tokenizer is not None else (lambda ids: None)
+        for r, info in enumerate(rows):
+            if info is None:
+                continue
+            s, j = batch.seqs[seq_idx[r]], int(step[r])
+            if s.finish_reason == "error" or j != len(s.logprobs) or j >= len(s.output) or \
+                    s.output[j] != int(token_ids[r]):
+                continue
+            lp, rank, top_ids, top_lps = info
+            d = {i: Logprob(v, k + 1, dec([i])) for k, (i, v) in enumerate(zip(top_ids, top_lps))}
+            d[s.output[j]] = Logprob(lp, rank, dec([s.output[j]]))
+            s.logprobs.append(d)
+            s.cumulative_logprob += lp
+
+    def _check_stop_strings(self, s, now: float) -> None:
+        """Finish ``s`` with reason "stop" if its text now contains one of its stop strings: its tokens end
+        with the one that completed the string (later ones, from the same speculative step, are dropped) and
+        its text ends before the string."""
+        dec = self.tokenizer.decode
+        longest = max(len(x) for x in s.params.stop)
+        prev = len(dec(s.output[:s.stop_checked]))
+        for j in range(s.stop_checked + 1, len(s.output) + 1):
+            text = dec(s.output[:j])
+            start = max(0, prev - longest + 1)
+            hits = [(i, x) for x in s.params.stop if (i := text.find(x, start)) >= 0]
+            prev = len(text)
+            if hits:
+                i, x = min(hits)
+                del s.output[j:], s.token_times[j:], s.logprobs[j:]
+                s.cumulative_logprob = sum(d[t].logprob for d, t in zip(s.logprobs, s.output))
+                s.text_end, s.stop_reason = i, x
+                if s.finished:
+                    s.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(s, "stop", now)
+                break
+        s.stop_checked = len(s.output)
 
     def _release(self, seqs) -> None:
         """Forget the draft model's cache of finished sequences."""
@@ -325,7 +404,8 @@ class LLMEngine:
 
     def generate(self, prompts, params: SamplingParams | Iterable[SamplingParams] | None = None,
                  progress: bool | None = None) -> list[RequestOutput]:
-        """Run ``prompts`` (texts or token-id lists) to completion; outputs in prompt order.
+        """Run ``prompts`` (texts, token-id lists or vLLM's prompt dicts) to completion; one
+        :class:`RequestOutput` per prompt, in prompt order, with ``params.n`` samples in its ``outputs``.
 
         Every prompt is validated before any is queued, so one bad prompt raises and queues nothing. If an
         internal error finishes any request of this call, raises :class:`RequestFailed` (a RuntimeError)
@@ -338,28 +418,36 @@ class LLMEngine:
         If the call is interrupted (an exception, KeyboardInterrupt), its unfinished requests are aborted.
         The engine forgets the call's requests once it returns.
         """
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], (int, np.integer))):
+        if isinstance(prompts, (str, dict)) or (len(prompts) and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         with self._lock:
+            samples = []                                        # (prompt index, prompt, params of one sample)
             for i, (p, sp) in enumerate(zip(prompts, params)):   # validate everything first
                 try:
-                    sp = self._check_params(sp)
+                    sp = self._check_params(sp, one_sample=False)
                     ids = self._encode(p)
                     self.scheduler.check_fits(Sequence(-1, ids, sp))
                 except (TypeError, ValueError) as e:
                     raise _prefixed(e, f"prompt {i}: ") from e
-            ids = [self._add(p, sp, None) for p, sp in zip(prompts, params)]
+                for c in range(sp.n):
+                    seed = None if sp.seed is None else (sp.seed + c) % SEED_LIMIT
+                    samples.append((i, p, sp if sp.n == 1 else replace(sp, n=1, seed=seed)))
+            ids = [self._add(p, sp, None) for _, p, sp in samples]
         try:
             self._wait(ids, len(ids) >= 8 if progress is None else progress)
         except BaseException:
             for i in ids:
                 self._forget(i)
             raise
-        outs = [self.output(i) for i in ids]
-        failed = [j for j, o in enumerate(outs) if o.finish_reason == "error"]
+        got = [self.output(i) for i in ids]
+        outs = []
+        for i in range(len(prompts)):
+            mine = [o for (j, _, _), o in zip(samples, got) if j == i]
+            outs.append(mine[0] if len(mine) == 1 else merge_samples(mine))
+        failed = [j for j, o in enumerate(outs) if any(c.finish_reason == "error" for c in o.outputs)]
         if failed:
             raise RequestFailed(outs, failed)
         return outs
@@ -446,114 +534,8 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-class LLM:
-    """``LLM("tiny").generate(prompts, SamplingParams(...))``: an engine for a model and a runner.
-
-    runner: "numpy" (the reference, CPU), "torch" (the GPU path: torch model + Triton kernels) or
-    "simulated" (counts only). ``num_speculative_tokens=k`` verifies up to k draft tokens per decode step
-    (chapter 9), drafted by ``speculative_model``: "ngram" (prompt lookup, the default) or a draft model (a
-    shipped name such as "draft", or a ``Model``) run by a second runner of the same kind over a pool that
-    mirrors the target's. ``num_blocks`` defaults to enough blocks for ``max_num_seqs`` sequences of
-    ``max_seq_len`` tokens, so nothing is preempted unless you ask for a smaller pool.
-
-    On a GPU, "torch" captures its CUDA graphs when the LLM is built (vLLM's and nano-vllm's startup
-    capture): one per decode batch size up to ``max_num_seqs`` and one per mixed-step token bucket up to
-    ``max_num_batched_tokens``, so decode-only and mixed steps replay graphs. ``enforce_eager=True`` (vLLM's
-    name) captures none and runs every step eagerly. Elsewhere (CPU, "numpy", "simulated") there is nothing
-    to capture.
-
-    Other keyword arguments go to the runner (``dtype`` for "numpy"; ``device``, ``dtype``, ``attention``,
-    ``max_graph_batch`` for "torch"; ``cost`` for "simulated"); any other name raises TypeError. "torch"
-    needs the ``[gpu]`` extra (``pip install 'minillm[gpu]'``).
-    """
-
-    def __init__(self, model="tiny", runner: str = "numpy", num_blocks: int | None = None, block_size: int = 16,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_prefill_chunk: int | None = None,
-                 enable_chunked_prefill: bool = True, enable_prefix_caching: bool = True, seed: int = 0,
-                 num_speculative_tokens: int = 0, speculative_model="ngram", enforce_eager: bool = False,
-                 **runner_kw):
-        from ..model import Model, load_model
-        from ..tokenizer import EOS, ByteTokenizer
-
-        self._check_runner_kw(runner, runner_kw)
-        if runner == "torch":
-            runner_kw = {**runner_kw, "cuda_graphs": not enforce_eager}
-        block_size = _int("block_size", block_size, 1)
-        if num_blocks is not None:
-            num_blocks = _int("num_blocks", num_blocks, 1)
-        sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill,
-                                num_speculative_tokens=num_speculative_tokens)
-        self.model = model if isinstance(model, Model) else load_model(model)
-        cfg = self.model.config
-        if num_blocks is None:
-            num_blocks = max_num_seqs * -(-cfg.max_seq_len // block_size)
-        run = self._runner(runner, self.model, num_blocks, block_size, runner_kw)
-        drafter = None
-        if num_speculative_tokens and speculative_model == "ngram":
-            from ..speculative import NgramDrafter
-            drafter = NgramDrafter()
-        elif num_speculative_tokens:
-            if runner == "simulated":
-                raise ValueError("a draft model needs a runner that computes ('numpy' or 'torch')")
-            from .draft import DraftModelProposer
-            draft = speculative_model if isinstance(speculative_model, Model) else load_model(speculative_model)
-            draft_run = self._runner(runner, draft, num_blocks, block_size, runner_kw)
-            draft_run.prepare(replace(sched, num_speculative_tokens=0))   # one logits row per sequence
-            drafter = DraftModelProposer(draft_run)
-        run.prepare(sched)                      # the torch runner captures its CUDA graphs (none on CPU)
-        self.engine = LLMEngine(run, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched,
-                                enable_prefix_caching, eos_token_id=EOS, tokenizer=ByteTokenizer(), seed=seed,
-                                drafter=drafter)
-
-    @staticmethod
-    def _runner_class(kind: str):
-        if kind == "numpy":
-            from .runner import NumpyRunner
-            return NumpyRunner
-        if kind == "torch":
-            try:
-                from .torch_runner import TorchRunner
-            except ImportError as e:
-                if (e.name or "").split(".")[0] in ("torch", "triton"):
-                    raise ImportError(f"runner='torch' needs PyTorch, which is not installed ({e}): install the "
-                                      f"GPU extra, pip install 'minillm[gpu]'") from e
-                raise
-            return TorchRunner
-        if kind == "simulated":
-            from .runner import SimulatedRunner
-            return SimulatedRunner
-        raise ValueError(f"runner must be 'numpy', 'torch' or 'simulated', got {kind!r}")
-
-    @classmethod
-    def _runner_options(cls, kind: str) -> list[str]:
-        """The keyword arguments the runner of this kind takes from ``LLM(...)``."""
-        runner = cls._runner_class(kind)
-        if kind == "simulated":
-            return ["cost", "clock"]                              # its other fields are counters
-        given = {"self", "model", "num_blocks", "block_size", "cuda_graphs"}   # the LLM passes these itself
-        return [n for n in inspect.signature(runner).parameters if n not in given]
-
-    @classmethod
-    def _check_runner_kw(cls, kind: str, kw: dict) -> None:
-        accepted = cls._runner_options(kind)
-        bad = sorted(set(kw) - set(accepted))
-        if bad:
-            own = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "runner_kw")]
-            raise TypeError(f"LLM() got unexpected keyword argument(s) {', '.join(map(repr, bad))}: it takes "
-                            f"{', '.join(own)}, and for runner={kind!r} "
-                            f"{', '.join(accepted) if accepted else 'nothing else'}")
-
-    @classmethod
-    def _runner(cls, kind: str, model, num_blocks: int, block_size: int, kw: dict):
-        if kind == "simulated":
-            return cls._runner_class(kind)(**kw)
-        return cls._runner_class(kind)(model, num_blocks, block_size, **kw)
-
-    def generate(self, prompts, params=None, progress: bool | None = None) -> list[RequestOutput]:
-        """:meth:`LLMEngine.generate` (thread-safe; raises :class:`RequestFailed` if a request failed)."""
-        return self.engine.generate(prompts, params, progress)
-
-    def stream(self, prompt, params=None) -> TokenStream:
-        """:meth:`LLMEngine.stream`: an iterator over one request's tokens (closing or dropping it aborts)."""
-        return self.engine.stream(prompt, params)
+def __getattr__(name):                  # LLM moved to minillm.serving.llm; old imports from here keep working
+    if name == "LLM":
+        from .llm import LLM
+        return LLM
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
