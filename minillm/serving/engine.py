@@ -34,12 +34,12 @@ import numpy as np
 
 from ..model import check_prompt_ids
 from ..sampling import SEED_LIMIT
-from . import processing
+from .processing import execute as execute_step
 from .block_manager import BlockManager
 from .interfaces import Drafter, DraftRunner, LookupDrafter, MemoryManager, PromptLookup, Runner, as_drafter
 from .outputs import CompletionOutput, Logprob, RequestOutput, TextDeltas, merge_samples
 from .scheduler import Scheduler, SchedulerConfig
-from .sequence import SamplingParams, Sequence, _int
+from .sequence import SamplingParams, Sequence
 
 __all__ = ["CompletionOutput", "LLMEngine", "Logprob", "RequestFailed", "RequestOutput", "TokenStream"]
 
@@ -317,7 +317,7 @@ class LLMEngine:
             self.drafter.propose(batch)        # a draft model fills the reserved drafts
         for observe in self.step_observers:
             observe(batch)
-        token_ids, row_logprobs = processing.execute(self.runner, batch)
+        token_ids, row_logprobs = execute_step(self.runner, batch)
         rows = batch.row_params() if row_logprobs is not None else None    # before the outputs grow
         now = self.runner.now()
         got = self.scheduler.postprocess(batch, token_ids, self.eos_token_id, now)
@@ -533,9 +533,3 @@ class _Progress:
         else:
             sys.stderr.write("\n")
 
-
-def __getattr__(name):                  # LLM moved to minillm.serving.llm; old imports from here keep working
-    if name == "LLM":
-        from .llm import LLM
-        return LLM
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,567 @@
+"""An OpenAI-compatible HTTP server over the engine: ``python -m minillm.serve --model tiny``.
+
+Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as server-sent events with
+``"stream": true``, else one JSON answer), ``GET /v1/models``, ``GET /health``. Any OpenAI client works:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")
+    client.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=16, temperature=0)
+
+How it runs. One engine loop thread owns the stepping: it steps the engine while any request is unfinished
+and hands each request's new tokens to the HTTP handler that waits for them (an asyncio queue on the web
+server's event loop). Handlers add requests from any number of concurrent connections; each step serves all
+of them (continuous batching). A client that disconnects -- a closed stream, a cancelled non-streaming call --
+has its requests aborted, which frees their KV blocks at once. A bad request (unknown model, a value
+SamplingParams refuses, a prompt too long for the model) gets a 4xx JSON error in OpenAI's shape
+(``{"error": {"message", "type", "param", "code"}}``) and never reaches the engine, so the others keep running.
+
+Parameters: OpenAI's ``max_tokens`` (chat: also ``max_completion_tokens``), ``temperature`` (default 1.0, as
+OpenAI's; the offline API's default is greedy), ``top_p``, ``n``, ``stop``, ``seed``, ``logprobs`` (chat:
+``logprobs`` + ``top_logprobs``; not with streaming), ``stream_options.include_usage``; and vLLM's extras
+(``extra_body`` in the OpenAI client): ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
+``ignore_eos``, ``return_token_ids`` (each choice carries ``token_ids`` and ``prompt_token_ids``).
+``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``best_of`` > n and ``echo`` are refused (400).
+Prompts may be a string, a list of token ids, or a list of either (the completions endpoint).
+
+The web stack (FastAPI, uvicorn) is the ``serve`` extra: ``pip install 'minillm[serve]'``. ``import minillm``
+never imports it. In a notebook or a test, :class:`Server` runs the server in a thread on a free port.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+
+try:
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from pydantic import BaseModel, ConfigDict
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+except ImportError as e:         # pragma: no cover - the message is the point
+    raise ImportError(f"minillm.serve needs the web stack ({e}): pip install 'minillm[serve]'") from e
+
+from .serving import LLM, SamplingParams
+from .serving.llm import apply_chat_template
+
+
+# -- the engine loop -----------------------------------------------------------------------------------------
+class EngineLoop:
+    """Steps ``llm.engine`` in one thread while it has work; hands each tracked request's progress to the
+    asyncio queue of the handler that added it: ("tokens", request id, text so far) after a step that gave it
+    tokens, ("done", request id, RequestOutput) once it has finished (the engine then forgets it)."""
+
+    def __init__(self, llm: LLM):
+        self.engine = llm.engine
+        self.trackers: dict[int, tuple] = {}          # request id -> (event loop, queue, [tokens sent])
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, name="minillm-engine-loop", daemon=True)
+        self.steps = 0                                # engine steps run
+        self.tokens = 0                               # output tokens of the tracked requests
+        self.error: str | None = None
+
+    def start(self) -> EngineLoop:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self.thread.join(timeout=10)
+
+    def add(self, prompt, params: SamplingParams, aloop, queue) -> int:
+        """Queue a request (raises, queuing nothing, if the engine refuses it) and track it. Any thread."""
+        eng = self.engine
+        with eng._lock:
+            rid = eng.add_request(prompt, params)
+            self.trackers[rid] = (aloop, queue, [0])
+        self._wake.set()
+        return rid
+
+    def abort(self, rid: int) -> None:
+        """Stop tracking a request and abort it if it is unfinished (its client went away). Any thread."""
+        eng = self.engine
+        with eng._lock:
+            self.trackers.pop(rid, None)
+            if rid in eng.requests:
+                eng.abort_request(rid)
+                eng.output(rid)                        # hand it over: the engine forgets it
+
+    def _run(self) -> None:
+        eng = self.engine
+        while not self._stop.is_set():
+            self._wake.clear()
+            if not eng.has_unfinished():
+                self._publish()                       # requests aborted or finished while idle
+                self._wake.wait(0.1)
+                continue
+            try:
+                eng.step()
+                self.steps += 1
+            except Exception as e:                    # an engine bug: fail what is tracked, keep serving
+                self.error = f"{type(e).__name__}: {e}"
+                with eng._lock:
+                    for rid in list(self.trackers):
+                        aloop, q, _ = self.trackers.pop(rid)
+                        self._send(aloop, q, ("error", rid, self.error))
+                        if rid in eng.requests:
+                            eng.abort_request(rid)
+                            eng.output(rid)
+            self._publish()
+
+    @staticmethod
+    def _send(aloop, q, item) -> None:
+        try:
+            aloop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:                          # that event loop has closed: nobody is listening
+            pass
+
+    def _publish(self) -> None:
+        eng = self.engine
+        with eng._lock:
+            for rid, (aloop, q, sent) in list(self.trackers.items()):
+                seq = eng.requests.get(rid)
+                if seq is None:
+                    continue
+                self.tokens += max(0, len(seq.output) - sent[0])
+                if seq.finished:
+                    del self.trackers[rid]
+                    self._send(aloop, q, ("done", rid, eng.output(rid)))
+                elif len(seq.output) > sent[0]:
+                    sent[0] = len(seq.output)
+                    self._send(aloop, q, ("tokens", rid, eng.text(seq)))
+
+
+# -- requests ------------------------------------------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: dict | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict | None = None
+    user: str | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+class CompletionBody(_Body):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class ChatBody(_Body):
+    messages: list[dict]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+def _error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}.get(status, "Error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
+
+
+def _sampling(body: _Body, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise BadRequest(f"{name} is not supported by this server (use repetition_penalty)", param=name)
+    if body.logit_bias:
+        raise BadRequest("logit_bias is not supported by this server", param="logit_bias")
+    if body.stream and logprobs is not None:
+        raise BadRequest("logprobs are not supported with stream=true by this server", param="logprobs")
+    kw = dict(temperature=1.0 if body.temperature is None else body.temperature,
+              top_p=1.0 if body.top_p is None else body.top_p, max_tokens=max_tokens, n=body.n, seed=body.seed,
+              stop=body.stop, stop_token_ids=body.stop_token_ids or (), ignore_eos=body.ignore_eos,
+              logprobs=logprobs, top_k=body.top_k, min_p=body.min_p or 0.0,
+              repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty)
+    try:
+        return SamplingParams(**kw)
+    except (TypeError, ValueError) as e:
+        raise BadRequest(str(e)) from None
+
+
+class _App:
+    def __init__(self, llm: LLM, model_name: str):
+        self.llm, self.name, self.created = llm, model_name, int(time.time())
+        self.loop = EngineLoop(llm).start()
+        self.tok = llm.engine.tokenizer
+        self.max_model_len = llm.engine.scheduler.max_model_len
+
+    # -- adding and collecting --------------------------------------------------------------------------------
+    async def _add_all(self, prompts, params: SamplingParams):
+        """Add n requests per prompt (seed + i for sample i, as LLM.generate does); abort them all and raise
+        BadRequest if the engine refuses one. Returns (queue, [(choice index, request id, prompt index)])."""
+        aloop, q = asyncio.get_running_loop(), asyncio.Queue()
+        added = []
+        try:
+            for i, p in enumerate(prompts):
+                for c in range(params.n):
+                    seed = None if params.seed is None else (params.seed + c) % 2**32
+                    one = SamplingParams(**{**_fields(params), "n": 1, "seed": seed})
+                    rid = await run_in_threadpool(self.loop.add, p, one, aloop, q)
+                    added.append((i * params.n + c, rid, i))
+        except (TypeError, ValueError) as e:          # RequestRejected is a ValueError
+            for _, rid, _ in added:
+                self.loop.abort(rid)
+            raise BadRequest(str(e)) from None
+        except BaseException:
+            for _, rid, _ in added:
+                self.loop.abort(rid)
+            raise
+        return q, added
+
+    async def _collect(self, request: Request, q: asyncio.Queue, added) -> dict:
+        """Wait for every request to finish; abort them all if the client disconnects first."""
+        outs, pending = {}, {rid for _, rid, _ in added}
+        checked = time.monotonic()
+        try:
+            while pending:
+                if time.monotonic() - checked > 0.2:      # every 0.2 s, whether tokens are coming or not
+                    checked = time.monotonic()
+                    if await request.is_disconnected():
+                        raise asyncio.CancelledError
+                try:
+                    kind, rid, item = await asyncio.wait_for(q.get(), 0.2)
+                except asyncio.TimeoutError:
+                    continue
+                if kind == "error":
+                    raise RuntimeError(item)
+                if kind == "done":
+                    if item.finish_reason == "error":
+                        raise RuntimeError(f"request {rid} failed: {item.error}")
+                    outs[rid] = item
+                    pending.discard(rid)
+        finally:
+            for rid in pending:
+                self.loop.abort(rid)
+        return outs
+
+    def _prompts(self, body: CompletionBody) -> list:
+        p = body.prompt
+        if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)):
+            return [p]
+        if not p:
+            raise BadRequest("prompt is empty", param="prompt")
+        return list(p)
+
+    def _check_model(self, body: _Body) -> None:
+        if body.model is not None and body.model != self.name:
+            raise BadRequest(f"The model `{body.model}` does not exist (this server serves `{self.name}`).", 404,
+                             "model")
+
+    # -- /v1/completions ----------------------------------------------------------------------------------------
+    async def completions(self, request: Request, body: CompletionBody):
+        self._check_model(body)
+        if body.echo:
+            raise BadRequest("echo is not supported by this server", param="echo")
+        if body.suffix:
+            raise BadRequest("suffix is not supported by this server", param="suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise BadRequest("best_of other than n is not supported by this server", param="best_of")
+        params = _sampling(body, 16 if body.max_tokens is None else body.max_tokens, body.logprobs)
+        q, added = await self._add_all(self._prompts(body), params)
+        rid_, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            def chunk(index, text, finish):
+                return {"id": rid_, "object": "text_completion", "created": created, "model": self.name,
+                        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
+            return self._stream(request, q, added, params, chunk, body, "text_completion")
+        outs = await self._collect(request, q, added)
+        choices = []
+        for index, rid, _ in added:
+            o = outs[rid]
+            c = o.outputs[0]
+            ch = {"index": index, "text": c.text, "logprobs": self._completion_logprobs(c, body),
+                  "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+            if body.return_token_ids:
+                ch.update(token_ids=c.token_ids, prompt_token_ids=o.prompt_token_ids)
+            choices.append(ch)
+        return {"id": rid_, "object": "text_completion", "created": created, "model": self.name,
+                "choices": choices, "usage": self._usage(added, outs)}
+
+    @staticmethod
+    def _usage(added, outs) -> dict:
+        """OpenAI's usage: each prompt's tokens once (however many samples it has), every sample's tokens."""
+        prompts = {i: len(outs[rid].prompt_token_ids) for _, rid, i in added if rid in outs}
+        c = sum(len(outs[rid].token_ids) for _, rid, _ in added if rid in outs)
+        p = sum(prompts.values())
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _token(self, t: int, as_id: bool) -> str:
+        return f"token_id:{t}" if as_id else self.tok.decode([t])
+
+    def _completion_logprobs(self, c, body) -> dict | None:
+        if c.logprobs is None:
+            return None
+        as_id = body.return_tokens_as_token_ids
+        tokens, lps, tops, offs, off = [], [], [], [], 0
+        for t, d in zip(c.token_ids, c.logprobs):
+            s = self._token(t, as_id)
+            tokens.append(s)
+            lps.append(d[t].logprob)
+            tops.append({self._token(i, as_id): v.logprob for i, v in d.items()})
+            offs.append(off)
+            off += len(self.tok.decode([t]))
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+    # -- /v1/chat/completions -----------------------------------------------------------------------------------
+    async def chat(self, request: Request, body: ChatBody):
+        self._check_model(body)
+        try:
+            prompt = apply_chat_template(body.messages, body.add_generation_prompt)
+        except (TypeError, ValueError) as e:
+            raise BadRequest(str(e), param="messages") from None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        if max_tokens is None:                 # OpenAI's default: what the context has left
+            max_tokens = max(1, self.max_model_len - len(self.tok.encode(prompt)))
+        if body.top_logprobs is not None and not body.logprobs:
+            raise BadRequest("top_logprobs needs logprobs=true", param="top_logprobs")
+        params = _sampling(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+        q, added = await self._add_all([prompt], params)
+        rid_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if body.stream:
+            def chunk(index, text, finish, first=False):
+                delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+                return {"id": rid_, "object": "chat.completion.chunk", "created": created, "model": self.name,
+                        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            return self._stream(request, q, added, params, chunk, body, "chat")
+        outs = await self._collect(request, q, added)
+        choices = []
+        for index, rid, _ in added:
+            o = outs[rid]
+            c = o.outputs[0]
+            ch = {"index": index, "message": {"role": "assistant", "content": c.text},
+                  "logprobs": self._chat_logprobs(c, body), "finish_reason": c.finish_reason,
+                  "stop_reason": c.stop_reason}
+            if body.return_token_ids:
+                ch.update(token_ids=c.token_ids, prompt_token_ids=o.prompt_token_ids)
+            choices.append(ch)
+        return {"id": rid_, "object": "chat.completion", "created": created, "model": self.name,
+                "choices": choices, "usage": self._usage(added, outs)}
+
+    def _chat_logprobs(self, c, body) -> dict | None:
+        if c.logprobs is None:
+            return None
+        as_id = body.return_tokens_as_token_ids
+
+        def entry(t, lp):
+            return {"token": self._token(t, as_id), "logprob": lp, "bytes": list(self.tok.decode_bytes([t]))}
+        return {"content": [{**entry(t, d[t].logprob),
+                             "top_logprobs": [entry(i, v.logprob) for i, v in sorted(d.items(), key=lambda kv: kv[1].rank)
+                                              ][:body.top_logprobs or 0]}
+                            for t, d in zip(c.token_ids, c.logprobs)]}
+
+    # -- streaming -------------------------------------------------------------------------------------------
+    def _stream(self, request: Request, q: asyncio.Queue, added, params, chunk, body, kind) -> StreamingResponse:
+        from .serving.outputs import TextDeltas
+        index_of = {rid: index for index, rid, _ in added}
+        deltas = {rid: TextDeltas(params.stop) for _, rid, _ in added}
+        usage = bool((body.stream_options or {}).get("include_usage"))
+
+        def sse(obj) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        async def events():
+            pending, outs = set(index_of), {}
+            try:
+                if kind == "chat":
+                    for index, _, _ in added:
+                        yield sse(chunk(index, "", None, first=True))
+                while pending:
+                    what, rid, item = await q.get()
+                    if what == "error" or (what == "done" and item.finish_reason == "error"):
+                        msg = item if what == "error" else f"request {rid} failed: {item.error}"
+                        pending.discard(rid)
+                        yield sse({"error": {"message": msg, "type": "InternalServerError", "code": 500}})
+                        return
+                    if what == "tokens":
+                        piece = deltas[rid].push(item, False)
+                        if piece:
+                            yield sse(chunk(index_of[rid], piece, None))
+                        continue
+                    pending.discard(rid)
+                    outs[rid] = item
+                    c = item.outputs[0]
+                    piece = deltas[rid].push(c.text, True)
+                    yield sse(chunk(index_of[rid], piece, c.finish_reason))
+                if usage:
+                    yield sse({"id": chunk(0, "", None)["id"], "object": chunk(0, "", None)["object"],
+                               "created": int(time.time()), "model": self.name, "choices": [],
+                               "usage": self._usage(added, outs)})
+                yield "data: [DONE]\n\n"
+            finally:                                   # the client went away (or we are done): abort the rest
+                for rid in pending:
+                    self.loop.abort(rid)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _fields(params: SamplingParams) -> dict:
+    from dataclasses import fields
+    return {f.name: getattr(params, f.name) for f in fields(params)}
+
+
+def build_app(llm: LLM, model_name: str = "tiny") -> FastAPI:
+    """The FastAPI app over ``llm`` (its engine loop thread starts now; ``app.state.minillm.loop.stop()``
+    stops it)."""
+    state = _App(llm, model_name)
+    app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
+    app.state.minillm = state
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request, exc: BadRequest):
+        return _error(str(exc), exc.status, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc: RequestValidationError):
+        errs = exc.errors()
+        where = ".".join(str(x) for x in errs[0]["loc"][1:]) if errs else None
+        msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in errs[:3])
+        return _error(msg or "invalid request", 400, where or None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, exc: HTTPException):
+        return _error(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(RuntimeError)
+    async def internal(request, exc: RuntimeError):
+        return _error(str(exc), 500)
+
+    @app.get("/health")
+    async def health():
+        if state.loop.error is not None or not state.loop.thread.is_alive():
+            return _error(f"the engine loop is down: {state.loop.error}", 500)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        """A few of vLLM's Prometheus gauges and counters, under minillm's prefix."""
+        from fastapi.responses import PlainTextResponse
+        sch = state.llm.engine.scheduler
+        lines = [f"minillm:num_requests_running {len(sch.running)}", f"minillm:num_requests_waiting {len(sch.waiting)}",
+                 f"minillm:engine_steps_total {state.loop.steps}",
+                 f"minillm:generation_tokens_total {state.loop.tokens}"]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": state.name, "object": "model", "created": state.created,
+                                            "owned_by": "minillm", "max_model_len": state.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionBody):
+        return await state.completions(request, body)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request, body: ChatBody):
+        return await state.chat(request, body)
+
+    return app
+
+
+# -- running it --------------------------------------------------------------------------------------------
+class Server:
+    """The server in a background thread (a notebook, a test): ``with Server(LLM("tiny")) as s: s.url``.
+
+    ``port=0`` picks a free port. ``stop()`` (or leaving the ``with``) shuts the web server and the engine
+    loop down."""
+
+    def __init__(self, llm: LLM, model_name: str = "tiny", host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning"):
+        self.app = build_app(llm, model_name)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level=log_level, timeout_graceful_shutdown=1))
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        """Run in this thread until interrupted (what ``python -m minillm.serve`` does)."""
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.app.state.minillm.loop.stop()
+
+    def start(self, timeout: float = 30.0) -> Server:
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name="minillm-http")
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() - t0 > timeout:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.app.state.minillm.loop.stop()
+        self.sock.close()
+
+    def __enter__(self) -> Server:
+        return self.start() if self.thread is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="a shipped model name (tiny, small, ...) or a path")
+    ap.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
+    ap.add_argument("--runner", default="numpy", choices=["numpy", "torch"])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--num-blocks", type=int, default=None)
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--log-level", default="warning")
+    args = ap.parse_args(argv)
+    llm = LLM(args.model, runner=args.runner, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+              max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager)
+    srv = Server(llm, args.served_model_name or args.model, args.host, args.port, args.log_level)
+    print(f"minillm.serve: {args.served_model_name or args.model} on {srv.url}", flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""The OpenAI-compatible server (minillm.serve) under the official ``openai`` client: completions, chat,
+streaming, cancellation mid-stream and on a non-streaming call, concurrent clients, greedy tokens equal to
+LLM.generate, bad requests refused with 4xx while other requests complete; and the ``python -m minillm.serve``
+command in a subprocess."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx2")
+pytest.importorskip("fastapi")
+
+from minillm.serve import Server  # noqa: E402
+from minillm.serving import LLM, SamplingParams  # noqa: E402
+
+PROMPTS = ["def add(a, b):", "import numpy as np\n", "class Stack:\n    def push(self, x):", "for i in range(10):"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with Server(LLM("tiny")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Greedy outputs of the offline API, one request at a time."""
+    llm = LLM("tiny")
+    return lambda prompt, n: llm.generate([prompt], SamplingParams(max_tokens=n), progress=False)[0]
+
+
+def _idle(server, timeout=10.0) -> bool:
+    eng = server.app.state.minillm.llm.engine
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        with eng._lock:
+            if not eng.has_unfinished() and not eng.requests:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    r = httpx.get(server.url + "/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert "minillm:num_requests_running 0" in httpx.get(server.url + "/metrics").text
+
+
+def test_greedy_completion_tokens_equal_llm_generate(client, reference):
+    for p in PROMPTS:
+        r = client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0,
+                                      extra_body={"return_token_ids": True})
+        ref = reference(p, 12)
+        ch = r.choices[0]
+        assert ch.model_extra["token_ids"] == ref.token_ids and ch.text == ref.outputs[0].text
+        assert ch.model_extra["prompt_token_ids"] == ref.prompt_token_ids
+        assert ch.finish_reason == ref.outputs[0].finish_reason
+        assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == len(ref.token_ids)
+
+
+def test_chat_is_the_offline_chat(client):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=10, temperature=0)
+    ref = LLM("tiny").chat(msgs, SamplingParams(max_tokens=10))[0].outputs[0]
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref.text
+    assert r.object == "chat.completion" and r.choices[0].finish_reason == ref.finish_reason
+
+
+def test_streaming_sends_the_same_text_in_pieces(client):
+    full = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=20, temperature=0).choices[0]
+    pieces, finish, usage = [], None, None
+    for ch in client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=20, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}):
+        if ch.choices:
+            pieces.append(ch.choices[0].text)
+            finish = ch.choices[0].finish_reason or finish
+        else:
+            usage = ch.usage
+    assert "".join(pieces) == full.text and len([p for p in pieces if p]) > 1 and finish == full.finish_reason
+    assert usage.completion_tokens == 20
+    chat = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, stream=True)]
+    ref = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                         temperature=0).choices[0].message.content
+    assert "".join(chat) == ref
+
+
+def test_stop_strings_n_seed_and_logprobs(client):
+    r = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=30, temperature=0, stop=["  "],
+                                  extra_body={"return_token_ids": True})
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and "  " not in ch.text and ch.model_extra["stop_reason"] == "  "
+    r = client.completions.create(model="tiny", prompt="x = ", max_tokens=8, temperature=1.0, n=3, seed=5,
+                                  logprobs=2)
+    again = client.completions.create(model="tiny", prompt="x = ", max_tokens=8, temperature=1.0, n=3, seed=5)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [c.text for c in again.choices]      # seeded: reproducible
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    assert all(v <= 0 for v in lp.token_logprobs) and all(2 <= len(t) <= 3 for t in lp.top_logprobs)
+
+
+def test_cancel_mid_stream_aborts_the_request(server, client):
+    loop = server.app.state.minillm.loop
+    steps = loop.steps
+    stream = client.completions.create(model="tiny", prompt="a", max_tokens=480, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    got = 0
+    for ch in stream:
+        got += bool(ch.choices and ch.choices[0].text)
+        if got == 3:
+            break
+    stream.close()                                  # the client goes away
+    assert _idle(server), "the abandoned request kept running"
+    assert loop.steps - steps < 240                 # it did not run to its 480 tokens
+
+
+def test_client_timeout_on_a_non_streaming_call_aborts_it(server, client):
+    loop = server.app.state.minillm.loop
+    steps = loop.steps
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=0.3).completions.create(model="tiny", prompt="a", max_tokens=480,
+                                                            temperature=0, extra_body={"ignore_eos": True})
+    assert _idle(server)
+    assert loop.steps - steps < 240
+
+
+def test_concurrent_clients_share_steps_and_get_their_own_tokens(server, client, reference):
+    loop = server.app.state.minillm.loop
+    work = [(p, 10 + 3 * i) for i, p in enumerate(PROMPTS * 2)]
+    got, errors = [None] * len(work), []
+
+    def one(i):
+        try:
+            p, n = work[i]
+            got[i] = client.completions.create(model="tiny", prompt=p, max_tokens=n, temperature=0,
+                                               extra_body={"return_token_ids": True, "ignore_eos": True}
+                                               ).choices[0].model_extra["token_ids"]
+        except Exception as e:                      # pragma: no cover - reported below
+            errors.append(e)
+
+    steps = loop.steps
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    llm = LLM("tiny")
+    for (p, n), ids in zip(work, got):
+        assert ids == llm.generate([p], SamplingParams(max_tokens=n, ignore_eos=True), progress=False)[0].token_ids
+    assert loop.steps - steps < sum(n for _, n in work)   # continuous batching: requests shared steps
+
+
+@pytest.mark.parametrize("body,status", [
+    (dict(prompt="x", max_tokens=0), 400), (dict(prompt="x", temperature=-1), 400), (dict(prompt="x", top_p=2), 400),
+    (dict(prompt="x", n=0), 400), (dict(prompt="x" * 600, max_tokens=4), 400), (dict(prompt=[1, 2, 99999]), 400),
+    (dict(prompt="x", presence_penalty=0.5), 400), (dict(prompt={"a": 1}), 400), (dict(), 400),
+    (dict(prompt="x", model="gpt-4"), 404), (dict(prompt="x", stop_token_ids=[10**6]), 400),
+    (dict(prompt="x", logprobs=21), 400), (dict(prompt="x", logprobs=1, stream=True), 400),
+])
+def test_bad_requests_get_a_4xx_json_error_while_a_stream_keeps_running(server, client, reference, body, status):
+    stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    it = iter(stream)
+    first = next(it).choices[0].text
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", **body})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status and err["message"]
+    text = first + "".join(c.choices[0].text for c in it if c.choices)
+    ref = LLM("tiny").generate([PROMPTS[0]], SamplingParams(max_tokens=40, ignore_eos=True), progress=False)[0]
+    assert text == ref.outputs[0].text                 # the stream was unaffected
+    assert _idle(server)
+
+
+def test_the_openai_client_raises_its_own_errors(client):
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=0)
+    with pytest.raises(openai.NotFoundError, match="gpt-4"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    assert client.completions.create(model="tiny", prompt="x", max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_bad_chat_messages_are_refused(server):
+    for msgs in ([{"role": "robot", "content": "hi"}], [{"content": "hi"}], "hi", [{"role": "user", "content": 5}]):
+        r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs})
+        assert r.status_code == 400 and r.json()["error"]["message"], (msgs, r.text)
+
+
+def test_python_dash_m_minillm_serve_starts_a_server():
+    proc = subprocess.Popen([sys.executable, "-m", "minillm.serve", "--model", "tiny", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"on (http://\S+)", line)
+        assert m, line
+        c = openai.OpenAI(base_url=m.group(1) + "/v1", api_key="none", max_retries=5, timeout=30)
+        r = c.completions.create(model="tiny", prompt="def add(a, b):", max_tokens=6, temperature=0)
+        assert r.choices[0].text == LLM("tiny").generate(["def add(a, b):"], SamplingParams(max_tokens=6),
+                                                         progress=False)[0].outputs[0].text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
