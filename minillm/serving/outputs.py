@@ -119,9 +119,9 @@ class TextDeltas:
     def push(self, text: str, finished: bool) -> str:
         end = len(text)
         if not finished:
-            end -= self.hold
             while end > self.sent and text[end - 1] == "\ufffd":
                 end -= 1
+            end -= self.hold
         if end <= self.sent:
             return ""
         piece, self.sent = text[self.sent:end], end
