@@ -47,8 +47,9 @@ try:
 except ImportError as e:         # pragma: no cover - the message is the point
     raise ImportError(f"minillm.serve needs the web stack ({e}): pip install 'minillm[serve]'") from e
 
-from .serving import LLM, SamplingParams
+from .serving import LLM, LLMEngine, SamplingParams
 from .serving.llm import apply_chat_template
+from .tokenizer import ByteTokenizer
 
 
 # -- the engine loop -----------------------------------------------------------------------------------------
@@ -57,8 +58,8 @@ class EngineLoop:
     asyncio queue of the handler that added it: ("tokens", request id, text so far) after a step that gave it
     tokens, ("done", request id, RequestOutput) once it has finished (the engine then forgets it)."""
 
-    def __init__(self, llm: LLM):
-        self.engine = llm.engine
+    def __init__(self, llm: LLM | LLMEngine):
+        self.engine = llm if isinstance(llm, LLMEngine) else llm.engine
         self.trackers: dict[int, tuple] = {}          # request id -> (event loop, queue, [tokens sent])
         self._wake, self._stop = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="minillm-engine-loop", daemon=True)
@@ -212,11 +213,14 @@ def _sampling(body: _Body, max_tokens: int | None, logprobs: int | None) -> Samp
 
 
 class _App:
-    def __init__(self, llm: LLM, model_name: str):
-        self.llm, self.name, self.created = llm, model_name, int(time.time())
+    def __init__(self, llm: LLM | LLMEngine, model_name: str):
+        self.name, self.created = model_name, int(time.time())
         self.loop = EngineLoop(llm).start()
-        self.tok = llm.engine.tokenizer
-        self.max_model_len = llm.engine.scheduler.max_model_len
+        self.engine = self.loop.engine
+        if self.engine.tokenizer is None:
+            raise ValueError("the server needs an engine with a tokenizer (LLMEngine(..., tokenizer=ByteTokenizer()))")
+        self.tok = self.engine.tokenizer
+        self.max_model_len = self.engine.scheduler.max_model_len
 
     # -- adding and collecting --------------------------------------------------------------------------------
     async def _add_all(self, prompts, params: SamplingParams):
@@ -432,9 +436,9 @@ def _fields(params: SamplingParams) -> dict:
     return {f.name: getattr(params, f.name) for f in fields(params)}
 
 
-def build_app(llm: LLM, model_name: str = "tiny") -> FastAPI:
-    """The FastAPI app over ``llm`` (its engine loop thread starts now; ``app.state.minillm.loop.stop()``
-    stops it)."""
+def build_app(llm: LLM | LLMEngine, model_name: str = "tiny") -> FastAPI:
+    """The FastAPI app over ``llm`` (an LLM, or an LLMEngine with a tokenizer); its engine loop thread starts
+    now, and ``app.state.minillm.loop.stop()`` stops it."""
     state = _App(llm, model_name)
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
     app.state.minillm = state
@@ -468,7 +472,7 @@ def build_app(llm: LLM, model_name: str = "tiny") -> FastAPI:
     async def metrics():
         """A few of vLLM's Prometheus gauges and counters, under minillm's prefix."""
         from fastapi.responses import PlainTextResponse
-        sch = state.llm.engine.scheduler
+        sch = state.engine.scheduler
         lines = [f"minillm:num_requests_running {len(sch.running)}", f"minillm:num_requests_waiting {len(sch.waiting)}",
                  f"minillm:engine_steps_total {state.loop.steps}",
                  f"minillm:generation_tokens_total {state.loop.tokens}"]
@@ -497,7 +501,7 @@ class Server:
     ``port=0`` picks a free port. ``stop()`` (or leaving the ``with``) shuts the web server and the engine
     loop down."""
 
-    def __init__(self, llm: LLM, model_name: str = "tiny", host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, llm: LLM | LLMEngine, model_name: str = "tiny", host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning"):
         self.app = build_app(llm, model_name)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -543,11 +547,76 @@ class Server:
         self.stop()
 
 
+# -- random-weight models of a given shape (load tests on a GPU) ----------------------------------------------
+SHAPES = {   # Llama-3.2-1B's shape (as benchmarks/serving.py), and a small one for CPU checks
+    "llama1b": dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
+                    max_seq_len=2048, rope_theta=500000.0),
+    "small": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96, max_seq_len=256),
+}
+
+
+class AnyIdTokenizer(ByteTokenizer):
+    """The byte tokenizer for a random-weight model whose vocabulary is larger than 259: prompts are UTF-8
+    bytes as usual; an id >= 256 decodes to one CJK character (U+4E00 + id mod 20000), so every sampled token
+    shows as text and a load generator sees each one arrive."""
+
+    def decode_bytes(self, ids) -> bytes:
+        return "".join(chr(i) if i < 128 else (bytes([i]).decode("latin-1") if i < 256 else chr(0x4E00 + i % 20000))
+                       for i in map(int, ids)).encode()
+
+    def decode(self, ids) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+
+def random_engine(shape: str, runner: str = "torch", dtype: str = "bfloat16", max_num_seqs: int = 64,
+                  max_num_batched_tokens: int = 512, num_blocks: int | None = None, block_size: int = 16,
+                  enforce_eager: bool = False, seed: int = 0) -> LLMEngine:
+    """An engine over random weights of a named shape (``SHAPES``), made on the device for "torch" (no host copy
+    of a 1B model), with :class:`AnyIdTokenizer` and no end-of-sequence token (random weights never mean to
+    stop: clients ask for ``max_tokens``)."""
+    from .model import Model, ModelConfig, init_params
+    from .serving import NumpyRunner, SchedulerConfig
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; shapes: {', '.join(SHAPES)}")
+    cfg = ModelConfig(**SHAPES[shape])
+    sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    if num_blocks is None:
+        num_blocks = max_num_seqs * -(-cfg.max_seq_len // block_size)
+    if runner == "numpy":
+        run = NumpyRunner(Model(cfg, init_params(cfg, seed)), num_blocks, block_size)
+    elif runner == "torch":
+        import numpy as np
+        import torch
+
+        from .serving.torch_runner import TorchRunner
+        from .torch_model import TorchModel
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        torch.manual_seed(seed)
+        m = TorchModel(cfg).to(device)
+        with torch.no_grad():                      # init_params' scales, drawn on the device
+            for name, p in m.named_parameters():
+                if name.endswith("norm"):
+                    p.fill_(1.0)
+                else:
+                    p.normal_(0.0, 0.02 / np.sqrt(2 * cfg.n_layers) if name.endswith(("wo", "w_down")) else 0.02)
+        run = TorchRunner(m.to(getattr(torch, dtype)), num_blocks, block_size, device=device,
+                          dtype=getattr(torch, dtype), cuda_graphs=not enforce_eager)
+    else:
+        raise ValueError(f"runner must be 'numpy' or 'torch', got {runner!r}")
+    run.prepare(sched)
+    return LLMEngine(run, num_blocks, block_size, cfg.max_seq_len, cfg.vocab_size, sched, eos_token_id=None,
+                     tokenizer=AnyIdTokenizer(), seed=seed)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m minillm.serve", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="tiny", help="a shipped model name (tiny, small, ...) or a path")
-    ap.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
+    ap.add_argument("--model", default="tiny", help="a shipped checkpoint (tiny, draft) or an .npz path")
+    ap.add_argument("--random-shape", default=None, choices=sorted(SHAPES),
+                    help="serve random weights of this shape instead of --model (llama1b: a GPU load test)")
+    ap.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model, "
+                                                              "or the shape)")
     ap.add_argument("--runner", default="numpy", choices=["numpy", "torch"])
+    ap.add_argument("--dtype", default="bfloat16", help="torch runner with --random-shape: the weights' dtype")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -556,10 +625,16 @@ def main(argv=None) -> None:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--log-level", default="warning")
     args = ap.parse_args(argv)
-    llm = LLM(args.model, runner=args.runner, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
-              max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager)
-    srv = Server(llm, args.served_model_name or args.model, args.host, args.port, args.log_level)
-    print(f"minillm.serve: {args.served_model_name or args.model} on {srv.url}", flush=True)
+    if args.random_shape:
+        llm = random_engine(args.random_shape, args.runner, args.dtype, args.max_num_seqs,
+                            args.max_num_batched_tokens, args.num_blocks, enforce_eager=args.enforce_eager)
+        name = args.served_model_name or args.random_shape
+    else:
+        llm = LLM(args.model, runner=args.runner, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
+                  max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager)
+        name = args.served_model_name or args.model
+    srv = Server(llm, name, args.host, args.port, args.log_level)
+    print(f"minillm.serve: {name} on {srv.url}", flush=True)
     srv.serve_forever()
 
 

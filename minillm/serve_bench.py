@@ -171,16 +171,19 @@ async def run_rate(url: str, rate: float, prompts: list[str], output_len: int, m
 
 def sweep(url: str, rates, num_prompts: int = 32, input_len: int = 64, output_len: int = 16, model: str = "tiny",
           seed: int = 0, slo_ttft: float | None = None, slo_tpot: float | None = None, slo_e2e: float | None = None,
-          max_concurrency: int | None = None, keep_requests: bool = False) -> list[dict]:
+          max_concurrency: int | None = None, keep_requests: bool = False, warmup: int = 2) -> list[dict]:
     """Run :func:`run_rate` for each rate in turn (same prompts) and return the summaries; with
-    ``keep_requests`` each summary holds its per-request results under "requests". Blocking, and safe inside a
-    running event loop (Jupyter): the client runs its own loop in a thread."""
+    ``keep_requests`` each summary holds its per-request results under "requests". First ``warmup`` requests
+    are sent and not measured (the first requests of a fresh server pay one-off costs). Blocking, and safe
+    inside a running event loop (Jupyter): the client runs its own loop in a thread."""
     prompts = make_prompts(num_prompts, input_len, seed)
     out: list[dict] = []
     err: list[BaseException] = []
 
     def work():
         try:
+            if warmup:
+                asyncio.run(run_rate(url, math.inf, make_prompts(warmup, input_len, seed + 1), output_len, model))
             for r in rates:
                 s, reqs = asyncio.run(run_rate(url, float(r), prompts, output_len, model, seed, max_concurrency,
                                                slo_ttft=slo_ttft, slo_tpot=slo_tpot, slo_e2e=slo_e2e))
@@ -222,6 +225,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-concurrency", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured requests sent first")
     ap.add_argument("--slo-ttft-ms", type=float, default=None)
     ap.add_argument("--slo-tpot-ms", type=float, default=None)
     ap.add_argument("--slo-e2e-ms", type=float, default=None)
@@ -230,7 +234,7 @@ def main(argv=None) -> list[dict]:
     ms = lambda v: None if v is None else v / 1e3  # noqa: E731
     rows = sweep(a.url, [float(r) for r in a.rates.split(",")], a.num_prompts, a.input_len, a.output_len, a.model,
                  a.seed, ms(a.slo_ttft_ms), ms(a.slo_tpot_ms), ms(a.slo_e2e_ms), a.max_concurrency,
-                 keep_requests=a.out is not None)
+                 keep_requests=a.out is not None, warmup=a.warmup)
     print(_table(rows))
     if a.out:
         with open(a.out, "w") as f:

@@ -42,7 +42,7 @@ def reference():
 
 
 def _idle(server, timeout=10.0) -> bool:
-    eng = server.app.state.minillm.llm.engine
+    eng = server.app.state.minillm.engine
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         with eng._lock:
@@ -216,3 +216,16 @@ def test_python_dash_m_minillm_serve_starts_a_server():
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_random_shape_server_streams_every_token():
+    """--random-shape (a GPU load test with llama1b) through the same code path on CPU with the small shape:
+    ids beyond the bytes decode to one character each, so a client sees every token."""
+    from minillm import serve_bench
+    from minillm.serve import random_engine
+    eng = random_engine("small", runner="numpy", max_num_seqs=8)
+    assert eng.vocab_size > 256 or eng.eos_token_id is None
+    with Server(eng, "small") as srv:
+        rows = serve_bench.sweep(srv.url, [float("inf")], num_prompts=4, input_len=16, output_len=5, model="small",
+                                 keep_requests=True)
+    assert rows[0]["completed"] == 4 and all(q["output_tokens"] == 5 for q in rows[0]["requests"])
