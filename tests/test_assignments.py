@@ -47,11 +47,21 @@ def _reference_copy(dest: Path) -> Path:
 
 
 def _plant(path: Path, doc_start: str, code: str) -> None:
-    """Insert ``code`` (indented 4 spaces) right after the docstring that starts with ``doc_start``."""
+    """Insert ``code`` (indented 4 spaces) at the top of the solution region below the docstring that starts with
+    ``doc_start`` (inside the body a student writes, where the grader takes code from)."""
     text = path.read_text()
     assert text.count(doc_start) == 1, doc_start
     end = text.index('"""', text.index(doc_start) + len(doc_start)) + 3
+    end = text.index(BEGIN, end) + len(BEGIN)
     path.write_text(text[:end] + "\n" + "".join("    " + line + "\n" for line in code.splitlines()) + text[end:])
+
+
+@pytest.fixture
+def no_policy(monkeypatch):
+    """The policy for graded code switched off: the process-level defences are tested alone."""
+    from minillm.assignments import splice
+
+    monkeypatch.setattr(splice, "policy_violations", lambda *a, **k: [])
 
 
 # --------------------------------------------------------------------------- markers and the registry
@@ -192,7 +202,7 @@ def test_build_refuses_a_non_empty_folder_and_unknown_assignments(tmp_path):
 def test_reference_passes_every_test_alone(tmp_path, number):
     tree = tmp_path / "tree"
     keep = {number, *ASSIGNMENTS[number].builds_on}
-    build(tree, [n for n in NUMBERS if n not in keep])   # only this assignment's (and its bases') solutions
+    build(tree, stub=set(NUMBERS) - keep)   # only this assignment's (and its bases') solutions
     report = grade(tree, number)
     failed = [(t["id"], t["message"]) for t in report["tests"] if t["outcome"] != "passed"]
     assert failed == [] and report["errors"] == []
@@ -222,7 +232,7 @@ def test_grade_reports_points_json_and_junit(tmp_path):
     assert suite.get("failures") == suite.get("errors") == "0"
 
 
-def test_grade_survives_infinite_loops_crashes_and_stray_threads(tmp_path, monkeypatch):
+def test_grade_survives_infinite_loops_crashes_and_stray_threads(tmp_path, monkeypatch, no_policy):
     monkeypatch.setattr(grade_module, "GRACE_S", 1.0)
     tree = _reference_copy(tmp_path / "sub")
     hw = tree / "minillm" / "hardware.py"
@@ -253,8 +263,9 @@ def test_grade_syntax_error_scores_zero_with_the_message(tmp_path):
     _plant(tree / "minillm" / "decode.py", '    """Generate ``n_new`` tokens by re-running', "return (")
     report = grade(tree, 1, out_dir=tmp_path / "out")
     assert report["total"] == len(json.loads((tmp_path / "out" / "assignment-01.json").read_text())["tests"]) > 5
-    assert report["score"] == 0 and all(t["outcome"] == "error" for t in report["tests"])
-    assert "SyntaxError" in report["tests"][0]["details"] and "decode.py" in report["tests"][0]["details"]
+    assert report["score"] == 0 and all(t["outcome"] == "rejected" for t in report["tests"])
+    assert report["rejected"].startswith("decode.py: your code in naive_decode does not parse")
+    assert "pytest" not in report["rejected"] and "/" not in report["rejected"].split(":")[0]
 
 
 def test_grade_missing_files_and_unknown_assignment(tmp_path):
@@ -272,7 +283,7 @@ def test_grade_missing_files_and_unknown_assignment(tmp_path):
 def test_cli_errors_exit_2_with_a_message(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for args, msg in ((["grade", str(tmp_path), "-a", "99"], "unknown assignment"),
-                      (["grade", str(tmp_path), "-a", "2"], "missing minillm/__init__.py"),
+                      (["grade", str(tmp_path), "-a", "2"], "missing minillm/decode.py"),
                       (["build", str(tmp_path / "x"), "-a", "0"], "unknown assignment")):
         out = subprocess.run([sys.executable, "-m", "minillm.assignments", *args], env=env, capture_output=True,
                              text=True, check=False)
@@ -285,7 +296,7 @@ def test_cli_errors_exit_2_with_a_message(tmp_path):
 def test_pack_then_grade_the_zip_scores_full_marks(tmp_path):
     from minillm.assignments.submission import pack
     tree = tmp_path / "tree"
-    build(tree, [n for n in NUMBERS if n != 9])          # assignment 9 solved (the reference)
+    build(tree, stub=set(NUMBERS) - {9})                   # assignment 9 solved (the reference)
     zpath = pack(tree, 9, tmp_path / "a9.zip")
     report = grade(zpath, 9)
     assert report["score"] == report["max_score"] > 0 and report["student_dir"] == str(zpath)

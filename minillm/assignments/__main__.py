@@ -1,7 +1,9 @@
-"""Command line: ``python -m minillm.assignments {list,build,test,pack,grade,leak-check,instructors-page}``."""
+"""Command line: ``python -m minillm.assignments COMMAND`` (``--help`` lists them)."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 
 from .registry import ASSIGNMENTS, AssignmentError
@@ -14,24 +16,52 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="the assignments, their parts and time estimates")
     b = sub.add_parser("build", help="write the student tree (stubs, handouts, public tests) into OUT_DIR")
     b.add_argument("out_dir")
-    b.add_argument("--assignment", "-a", action="append", help="only this assignment (repeatable); default all")
+    b.add_argument("--assignment", "-a", action="append",
+                   help="hand out this assignment (repeatable); the tree stubs the earliest of them and every later "
+                        "one, and keeps the released solutions of the earlier ones. Default: all, all stubbed")
     b.add_argument("--force", action="store_true", help="replace OUT_DIR if it is not empty")
     t = sub.add_parser("test", help="a student's check: run one assignment's public tests in your tree")
     t.add_argument("student_dir")
     t.add_argument("--assignment", "-a", required=True)
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds for all the public tests (default 600)")
+    c = sub.add_parser("check", help="a student's check: would the grader accept your files (the rules for "
+                                     "graded code)?")
+    c.add_argument("student_dir")
+    c.add_argument("--assignment", "-a", required=True)
     k = sub.add_parser("pack", help="run the public tests, then zip your files for one assignment to hand in")
     k.add_argument("student_dir")
     k.add_argument("--assignment", "-a", required=True)
     k.add_argument("--out", help="the zip to write (default STUDENT_DIR/assignment-NN-submission.zip)")
-    g = sub.add_parser("grade", help="run the public and grader tests against a student tree or a submission zip")
+    k.add_argument("--timeout", type=float, default=600.0, help="seconds for all the public tests (default 600)")
+    g = sub.add_parser("grade", help="grade a student tree or a submission zip (public and hidden tests)")
     g.add_argument("student_dir")
     g.add_argument("--assignment", "-a", required=True)
-    g.add_argument("--out", default="grades", help="folder for the JSON and JUnit reports (default ./grades)")
+    g.add_argument("--out", default="grades", help="folder for the reports (default ./grades)")
     g.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    g.add_argument("--total-timeout", type=float, default=None,
+                   help="seconds for the whole submission (default max(600, 10 x timeout))")
+    g.add_argument("--student", action="store_true", help="print the student's view of the results")
+    ga = sub.add_parser("grade-all", help="grade every submission zip in a folder into a gradebook CSV")
+    ga.add_argument("folder")
+    ga.add_argument("--assignment", "-a", required=True)
+    ga.add_argument("--out", default="grades", help="folder for the reports and gradebook.csv (default ./grades)")
+    ga.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    ga.add_argument("--total-timeout", type=float, default=None, help="seconds per submission")
+    gs = sub.add_parser("gradescope", help="write a Gradescope autograder zip for one assignment")
+    gs.add_argument("out_zip")
+    gs.add_argument("--assignment", "-a", required=True)
+    gs.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
+    gr = sub.add_parser("gradescope-run", help="(inside Gradescope) grade the submission into results.json")
+    gr.add_argument("submission_dir")
+    gr.add_argument("--assignment", "-a", required=True)
+    gr.add_argument("--results", required=True)
+    gr.add_argument("--timeout", type=float, default=60.0)
     ip = sub.add_parser("instructors-page", help="rewrite the generated block of the book's instructors page")
     ip.add_argument("page")
-    lc = sub.add_parser("leak-check", help="fail if a student tree holds a solution line or marker")
+    lc = sub.add_parser("leak-check", help="fail if a student tree holds a solution line, a near-copy or a marker")
     lc.add_argument("tree")
+    lc.add_argument("--assignment", "-a", action="append",
+                    help="the tree was built for this assignment (as build -a): check the solutions it stubs")
     args = p.parse_args(argv)
     try:
         if args.command == "list":
@@ -44,22 +74,25 @@ def main(argv=None) -> int:
 
             info = build(args.out_dir, args.assignment, force=args.force)
             print(f"wrote the student tree for assignments {info['assignments']} to {info['out_dir']} "
-                  f"({len(info['stubbed'])} files stubbed); leak check passed")
+                  f"(stubs assignments {info['stubbed_assignments']} in {len(info['stubbed'])} files); "
+                  f"leak check passed")
             for path, n in info["scrubbed"].items():
                 print(f"  {path}: dropped {n} line(s) that quote a solution")
         elif args.command in ("test", "pack"):
-            import subprocess
-
-            from .submission import check_student_dir
             from .registry import get
+            from .submission import check_student_dir
 
             a = get(args.assignment)
             root = check_student_dir(args.student_dir, a)
             if not (root / "tests" / a.public_tests).is_file():
                 raise AssignmentError(f"{root}/tests/{a.public_tests} is missing: this tree was not built for "
                                       f"assignment {a.number} (python -m minillm.assignments build DIR -a {a.number})")
-            rc = subprocess.call([sys.executable, "-m", "pytest", "-q", f"tests/{a.public_tests}"], cwd=root,
-                                 env={**__import__("os").environ, "PYTHONPATH": str(root)})
+            try:
+                rc = subprocess.run([sys.executable, "-m", "pytest", "-q", f"tests/{a.public_tests}"], cwd=root,
+                                    env={**os.environ, "PYTHONPATH": str(root)}, timeout=args.timeout).returncode
+            except subprocess.TimeoutExpired:
+                print(f"the public tests ran past {args.timeout:g} s and were stopped (an endless loop?)")
+                rc = 1
             if args.command == "pack":
                 from .submission import pack
 
@@ -67,12 +100,37 @@ def main(argv=None) -> int:
                 print(f"wrote {path}" + ("" if rc == 0 else "  (some public tests fail: it is packed anyway)"))
                 return 0
             return rc
+        elif args.command == "check":
+            from .grader import check_submission
+
+            problems = check_submission(args.student_dir, args.assignment)
+            for problem in problems:
+                print(problem)
+            if problems:
+                return 1
+            print("the grader would accept these files")
         elif args.command == "grade":
             from .grader import grade, summary
 
-            report = grade(args.student_dir, args.assignment, out_dir=args.out, timeout=args.timeout)
-            print(summary(report))
+            report = grade(args.student_dir, args.assignment, out_dir=args.out, timeout=args.timeout,
+                           total_timeout=args.total_timeout)
+            print(summary(report, student=args.student))
             print("reports: " + ", ".join(report["reports"]))
+        elif args.command == "grade-all":
+            from .grader import grade_folder
+
+            path = grade_folder(args.folder, args.assignment, args.out, timeout=args.timeout,
+                                total_timeout=args.total_timeout)
+            print(f"wrote {path}")
+        elif args.command == "gradescope":
+            from .gradescope import export
+
+            print(f"wrote {export(args.out_zip, args.assignment, timeout=args.timeout)}")
+        elif args.command == "gradescope-run":
+            from .gradescope import run
+
+            data = run(args.submission_dir, args.assignment, args.results, timeout=args.timeout)
+            print(data["output"])
         elif args.command == "instructors-page":
             from .docs import update_page
 
@@ -80,13 +138,13 @@ def main(argv=None) -> int:
         elif args.command == "leak-check":
             from .builder import leak_check
 
-            leaks = leak_check(args.tree)
+            leaks = leak_check(args.tree, args.assignment)
             for leak in leaks:
                 print(leak)
             if leaks:
                 print(f"{len(leaks)} leak(s)", file=sys.stderr)
                 return 1
-            print("no solution line or marker found")
+            print("no solution line, near-copy or marker found")
     except AssignmentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

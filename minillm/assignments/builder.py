@@ -10,6 +10,8 @@ OUT_DIR/
 """
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from .registry import ASSIGNMENTS, Assignment, AssignmentError, get
 PACKAGE_DIR = Path(__file__).resolve().parent.parent   # the reference minillm package
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
 SUPPORT = "conftest.py"                                 # shared by the public and grader tests
+ORACLES = "oracles.py"                                  # trusted references the tests compare against
 
 PYTEST_INI = """\
 [pytest]
@@ -36,10 +39,45 @@ testpaths = tests
 markers =
     points(n): the test is worth n points (default 1)
     stretch: an optional part; its points are a bonus outside the maximum
+    core: a test of the core idea; the other tests count only once every core test passes
 filterwarnings =
     ignore::RuntimeWarning:triton.*
     ignore::DeprecationWarning:triton.*
 """
+
+# The references and oracles the tests compare against, copied out of the package into tests/oracles.py: the
+# tests import them from there, so a graded file (softmax.py, attention.py, speculative.py hold some of them)
+# can never change what it is compared with.
+ORACLE_SOURCES = (("attention.py", ("check_attention_inputs", "causal_mask", "_compute_dtype", "standard_attention")),
+                  ("softmax.py", ("_as_float", "safe_softmax", "Partial", "partial_attention")),
+                  ("speculative.py", ("chi2_sf", "chi_square_gof")))
+ORACLE_HEADER = '''"""Trusted references for the assignment tests, copied from the reference package by the generator.
+
+The tests compare your code with these, never with functions in the files you hand in.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy import exp, log
+'''
+
+# Given code that looks like part of a solution but is not one (reviewed): the token leak check skips it.
+GIVEN_LOOKALIKES = frozenset({
+    ("attention.py", "standard_attention"),           # the oracle: the unfused algorithm, shown in chapter 6
+    ("hardware.py", "standard_attention_traffic"),    # traffic of the unfused kernel (assignment 4 counts the fused)
+    ("hardware.py", "compulsory_attention_traffic"),
+    ("hardware.py", "simulate_standard_attention"),
+    ("kernels/common.py", "softmax_step"),           # a helper assignment 7 calls; assignment 6 may not (forbid)
+    ("kernels/paged_attention.py", "_finish_split"),  # the epilogue handed to assignment 7
+    ("kernels/paged_prefill.py", "_varlen_kernel"),
+    ("mla.py", "MLACache.append"),
+    ("paged/attention.py", "paged_attention"),        # the NumPy paged reference assignment 7's kernel is tested on
+    ("paged/attention.py", "paged_varlen_attention"),
+})
+WINDOW = 24   # tokens: a run this long of a solution's tokens is a near-copy
 
 
 def all_regions(package_dir: Path = PACKAGE_DIR) -> list[Region]:
@@ -71,24 +109,103 @@ def message(a: Assignment, qualname: str) -> str:
     return f"assignment {a.number}: {part.hint}"
 
 
+def release_set(numbers) -> set[int]:
+    """The assignments a tree for ``numbers`` stubs: the earliest of them and every later one (the release flow:
+    the solutions of assignments before it have been released)."""
+    first = min(get(n).number for n in numbers)
+    return {n for n in ASSIGNMENTS if n >= first}
+
+
+def _function_node(tree: ast.AST, qualname: str):
+    node = tree
+    for part in qualname.split("."):
+        node = next((n for n in ast.iter_child_nodes(node)
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part),
+                    None)
+        if node is None:
+            return None
+    return node
+
+
+def stub_function(text: str, qualname: str, msg: str, path: str = "<file>") -> str:
+    """The file with the body of ``qualname`` (below its docstring) replaced by ``raise NotImplementedError``."""
+    fn = _function_node(ast.parse(text), qualname)
+    if fn is None:
+        raise AssignmentError(f"{path}: no function {qualname} to stub (minillm/assignments/registry.py reveals)")
+    body = fn.body
+    first = body[1] if (len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                        and isinstance(body[0].value.value, str)) else body[0]
+    lines = text.splitlines(keepends=True)
+    indent = lines[first.lineno - 1][:first.col_offset]
+    lines[first.lineno - 1:fn.end_lineno] = [f"{indent}raise NotImplementedError({msg!r})\n"]
+    return "".join(lines)
+
+
+def reveal_message(n: int) -> str:
+    return (f"not in the student tree: this function holds the reference solution of assignment {n} "
+            f"(it comes back when that solution is released)")
+
+
+def tree_text(rel: str, text: str, stubbed: set[int], regions: list[Region] | None = None) -> str:
+    """One package file as a tree that stubs the assignments in ``stubbed`` has it: their regions stubbed, every
+    other region kept without its markers, and the given code that reveals their solutions stubbed."""
+    regions = find_regions(text, rel) if regions is None else [r for r in regions if r.path == rel]
+    owner = {(p.path, p.qualname): a for a in ASSIGNMENTS.values() for p in a.parts}
+    msgs = {r.qualname: message(owner[(rel, r.qualname)], r.qualname) for r in regions
+            if owner[(rel, r.qualname)].number in stubbed}
+    out = stub(text, regions, msgs) if regions else text
+    for n in sorted(stubbed):
+        for path, qualname in ASSIGNMENTS[n].reveals:
+            if path == rel:
+                out = stub_function(out, qualname, reveal_message(n), rel)
+    return out
+
+
 def stubbed_sources(numbers, package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """{relative path: stubbed text} for every file with a region of the chosen assignments."""
+    """{relative path: stubbed text} for every file with a region of the chosen assignments (or given code that
+    reveals one), as a tree that stubs exactly ``numbers`` has it."""
+    numbers = {get(n).number for n in numbers}
     regions = all_regions(package_dir)
-    owner = {(p.path, p.qualname): ASSIGNMENTS[n] for n in numbers for p in ASSIGNMENTS[n].parts}
-    by_path: dict[str, list[Region]] = {}
-    for r in regions:
-        by_path.setdefault(r.path, []).append(r)
-    out = {}
-    for path, rs in by_path.items():
-        msgs = {r.qualname: message(owner[(path, r.qualname)], r.qualname) for r in rs if (path, r.qualname) in owner}
-        if msgs:
-            out[path] = stub((package_dir / path).read_text(), rs, msgs)
+    paths = {r.path for r in regions if (r.path, r.qualname) in
+             {(p.path, p.qualname) for n in numbers for p in ASSIGNMENTS[n].parts}}
+    paths |= {path for n in numbers for path, _ in ASSIGNMENTS[n].reveals}
+    return {path: tree_text(path, (package_dir / path).read_text(), numbers, regions) for path in sorted(paths)}
+
+
+def oracles_source(package_dir: Path = PACKAGE_DIR) -> str:
+    """tests/oracles.py: the reference functions the tests compare against, copied out of the package."""
+    parts = [ORACLE_HEADER]
+    for path, names in ORACLE_SOURCES:
+        text = (package_dir / path).read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text)
+        for name in names:
+            node = _function_node(tree, name)
+            if node is None:
+                raise AssignmentError(f"{path} has no {name} to copy into the tests' oracles")
+            start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            parts.append(f"\n\n# from minillm/{path}\n" + "\n".join(lines[start - 1:node.end_lineno]) + "\n")
+    out = "".join(parts)
+    out = "\n".join(line for line in out.splitlines() if line.strip() not in (BEGIN, END)) + "\n"
+    compile(out, ORACLES, "exec")
     return out
 
 
 def _strip_markers(text: str) -> str:
     """A file whose regions stay (assignments not handed out) without its marker lines."""
     return "".join(line for line in text.splitlines(keepends=True) if line.strip() not in (BEGIN, END))
+
+
+RULES = """\
+- Write only inside the bodies listed above: the grader takes those bodies from the files you hand in and
+  puts them into its own copy of the package. A change anywhere else in a handed-in file (an import at the
+  top, a helper function, an edited docstring) rejects the whole submission with a score of 0, so put
+  imports and helpers inside the body (a nested function is fine).
+- Graded code may import only math, numpy, torch, triton, collections, itertools, functools, heapq, bisect,
+  dataclasses, typing, operator, time, random and minillm, and may not touch files, processes, the
+  interpreter (sys, os, open, eval, exec, getattr/setattr, dunder attributes, ...) or assign into modules,
+  classes or globals. `python -m minillm.assignments check . -a N` tells you whether your files pass.
+- The tests compare your results with references in `tests/oracles.py`, not with the files you hand in."""
 
 
 def handout(a: Assignment) -> str:
@@ -103,18 +220,41 @@ def handout(a: Assignment) -> str:
             "## Goal", "", a.goal, "",
             "## What to write", "",
             ("Each function below raises `NotImplementedError` where its body should be. Keep the signature "
-             "and the docstring; everything else in the package already works."), "", items(graded), ""]
+             "and the docstring."), "", items(graded), ""]
     if stretch:
         text += ["### Stretch (bonus points)", "", items(stretch), ""]
-    text += ["## How to run the tests", "",
+    if a.builds_on:
+        earlier = ", ".join(str(n) for n in a.builds_on)
+        text += ["### It builds on", "",
+                 (f"The tests run through the code of assignment(s) {earlier}: in a tree built for this "
+                  f"assignment those bodies are the released reference solutions. If you work on in your own "
+                  f"tree, your solutions there must pass their own tests first. The grader always uses the "
+                  f"reference for them."), ""]
+    if a.forbid:
+        text += [f"Your bodies may not call {', '.join(f'`{n}`' for n in a.forbid)}: it does the step you "
+                 f"are asked to write.", ""]
+    text += ["## Rules for graded code", "", RULES, "",
+             "## How to run the tests", "",
              "From the folder that holds this tree (no GPU needed: Triton kernels run in the interpreter):", "",
              "```bash",
-             f"PYTHONPATH=$PWD python -m pytest -q tests/{a.public_tests}",
+             f"python -m minillm.assignments test . -a {a.number}    # the public tests, with a time limit",
+             f"PYTHONPATH=$PWD python -m pytest -q tests/{a.public_tests}   # the same, without one",
+             f"python handin.py {a.number}                            # the public tests, then the zip to hand in",
              "```", "",
              ("The grader runs these public tests and more that you do not see (edge cases, bad inputs, "
-              "property tests), each with a time limit."), "",
+              "property tests, checks that your code has the algorithm's shape), each with a time limit and "
+              "the whole submission with a total time cap. Tests of the core idea come first: the later tests "
+              "only count once those pass."), "",
              "## Done means", "", a.done, "",
              f"Time estimate: {a.hours[0]}-{a.hours[1]} hours.", ""]
+    if a.needs_triton:
+        text += ["## On a GPU", "",
+                 ("The tests build CPU tensors, so the kernels run in Triton's interpreter: `tests/conftest.py` "
+                  "sets `TRITON_INTERPRET=1` (before triton is imported) unless you set it yourself, also on a "
+                  "machine with CUDA. Only that interpreter run is graded. To run your kernel compiled, use a "
+                  "fresh Python without `TRITON_INTERPRET` and call it on CUDA tensors (for example the GPU "
+                  "extension below); the interpreter does not check shared-memory limits, register pressure "
+                  "or speed, so a kernel that passes may still fail to compile for a given block size."), ""]
     if a.gpu_task:
         text += ["## GPU extension (a benchmark, not graded)", "", a.gpu_task, ""]
     return "\n".join(text)
@@ -124,6 +264,7 @@ def readme(numbers) -> str:
     rows = "\n".join(f"| {n} | [{ASSIGNMENTS[n].title}](handouts/{ASSIGNMENTS[n].slug}.md) | "
                      f"`tests/{ASSIGNMENTS[n].public_tests}` | {ASSIGNMENTS[n].hours[0]}-{ASSIGNMENTS[n].hours[1]} h |"
                      for n in numbers)
+    first = numbers[0]
     return f"""# minillm: course assignments
 
 This folder is the `minillm` package with some function bodies removed. Each removed body raises
@@ -138,18 +279,20 @@ assignments also need `torch` and `triton` (they run on a CPU through Triton's i
 Run one assignment's public tests from this folder, and pack your files to hand in:
 
 ```bash
-PYTHONPATH=$PWD python -m pytest -q tests/a01_public.py
-python handin.py 1        # runs the public tests, then writes assignment-01-submission.zip
+PYTHONPATH=$PWD python -m pytest -q tests/{ASSIGNMENTS[first].public_tests}
+python handin.py {first}        # runs the public tests, then writes {ASSIGNMENTS[first].slug}-submission.zip
 ```
 
-The grader runs the public tests and hidden ones on the files in the zip.
+The grader runs the public tests and hidden ones on the bodies you wrote, inside its own copy of the
+package: read "Rules for graded code" in your handout before you start.
 """
 
 
-HANDIN = '''"""Hand in one assignment: run its public tests, then zip the files you wrote (python handin.py N).
+HANDIN = """\"\"\"Hand in one assignment: run its public tests, then zip the files you wrote (python handin.py N).
 
 Written by `python -m minillm.assignments build`; the same format as `python -m minillm.assignments pack`.
-"""
+The public tests run with a time limit (TIMEOUT seconds in all); the zip is written even if they fail.
+\"\"\"
 import hashlib
 import json
 import os
@@ -161,13 +304,18 @@ from pathlib import Path
 
 FILES = {files}
 TITLES = {titles}
+TIMEOUT = 600
 
 n = int(sys.argv[1]) if len(sys.argv) == 2 and sys.argv[1].isdigit() else None
 if str(n) not in FILES:
     sys.exit(f"usage: python handin.py N, with N one of {{', '.join(FILES)}}")
 root = Path(__file__).resolve().parent
-rc = subprocess.call([sys.executable, "-m", "pytest", "-q", f"tests/a{{n:02d}}_public.py"], cwd=root,
-                     env={{**os.environ, "PYTHONPATH": str(root)}})
+try:
+    rc = subprocess.run([sys.executable, "-m", "pytest", "-q", f"tests/a{{n:02d}}_public.py"], cwd=root,
+                        env={{**os.environ, "PYTHONPATH": str(root)}}, timeout=TIMEOUT).returncode
+except subprocess.TimeoutExpired:
+    print(f"the public tests ran past {{TIMEOUT}} s and were stopped (an endless loop?)")
+    rc = 1
 files = FILES[str(n)]
 manifest = {{"assignment": n, "title": TITLES[str(n)], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "files": {{f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}}}}
@@ -177,7 +325,7 @@ with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         z.write(root / f, f)
     z.writestr("submission.json", json.dumps(manifest, indent=2))
 print(f"wrote {{out}}" + ("" if rc == 0 else "  (some public tests fail: it is packed anyway)"))
-'''
+"""
 
 
 def handin_script(numbers) -> str:
@@ -185,31 +333,51 @@ def handin_script(numbers) -> str:
                          titles=repr({str(n): ASSIGNMENTS[n].title for n in numbers}))
 
 
-def build(out_dir, numbers=None, force: bool = False) -> dict:
-    """Write the student tree; returns {"out_dir", "assignments", "stubbed"}. Leaks raise AssignmentError."""
+def write_package(dest: Path, stubbed: set[int], package_dir: Path = PACKAGE_DIR) -> dict:
+    """The package as a tree that stubs ``stubbed`` has it, written to ``dest`` (a ``minillm`` folder).
+    Returns {"stubbed": files changed by a stub, "scrubbed": {data file: lines dropped}}."""
+    shutil.copytree(package_dir, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assignments"))
+    regions = all_regions(package_dir)
+    changed = []
+    for py in dest.rglob("*.py"):
+        rel = py.relative_to(dest).as_posix()
+        text = py.read_text()
+        out = _strip_markers(tree_text(rel, text, stubbed, regions))
+        if out != _strip_markers(text):
+            changed.append(rel)
+        py.write_text(out)
+    # Data files can quote the source too (chapter 9's held-out text is a snapshot of the package).
+    exact, normalized = _solution_lines(stubbed)
+    windows = solution_windows(stubbed)
+    scrubbed = {}
+    for f in sorted(dest.rglob("*")):
+        if f.is_file() and f.suffix in TEXT_SUFFIXES and f.suffix != ".py":
+            text, dropped = scrub(f.read_text(errors="surrogateescape"), exact, normalized)
+            text, dropped_w = scrub_windows(text, windows)
+            if dropped + dropped_w:
+                f.write_text(text, errors="surrogateescape")
+                scrubbed[f"minillm/{f.relative_to(dest).as_posix()}"] = dropped + dropped_w
+    return {"stubbed": sorted(changed), "scrubbed": scrubbed}
+
+
+def build(out_dir, numbers=None, force: bool = False, *, stub: set[int] | None = None) -> dict:
+    """Write the student tree for the assignments ``numbers`` (default: all); returns {"out_dir", "assignments",
+    "stubbed", "stubbed_assignments", "scrubbed"}. Leaks raise AssignmentError.
+
+    The release flow: the tree stubs the earliest of ``numbers`` and every later assignment; the solutions of
+    the earlier ones (released after their due dates) stay in. ``stub`` overrides which assignments are stubbed
+    (the grader and the CI checks use it)."""
     numbers = sorted(ASSIGNMENTS) if not numbers else sorted({get(n).number for n in numbers})
+    stubbed = release_set(numbers) if stub is None else {get(n).number for n in stub}
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         if not force:
             raise AssignmentError(f"{out} exists and is not empty; choose a new folder or pass --force")
         shutil.rmtree(out)
-    stubs = stubbed_sources(numbers)
-    pkg = out / "minillm"
-    shutil.copytree(PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assignments"))
-    for py in pkg.rglob("*.py"):
-        rel = py.relative_to(pkg).as_posix()
-        py.write_text(stubs[rel] if rel in stubs else _strip_markers(py.read_text()))
-    # Data files can quote the source too (chapter 9's held-out text is a snapshot of the package).
-    exact, normalized = _solution_lines(numbers)
-    scrubbed = {}
-    for f in sorted(pkg.rglob("*")):
-        if f.is_file() and f.suffix in TEXT_SUFFIXES and f.suffix != ".py":
-            text, dropped = scrub(f.read_text(errors="surrogateescape"), exact, normalized)
-            if dropped:
-                f.write_text(text, errors="surrogateescape")
-                scrubbed[f.relative_to(out).as_posix()] = dropped
+    info = write_package(out / "minillm", stubbed)
     (out / "tests").mkdir()
     shutil.copy(TESTS_DIR / SUPPORT, out / "tests" / SUPPORT)
+    (out / "tests" / ORACLES).write_text(oracles_source())
     (out / "handouts").mkdir()
     for n in numbers:
         a = ASSIGNMENTS[n]
@@ -218,19 +386,116 @@ def build(out_dir, numbers=None, force: bool = False) -> dict:
     (out / "pytest.ini").write_text(PYTEST_INI)
     (out / "README.md").write_text(readme(numbers))
     (out / "handin.py").write_text(handin_script(numbers))
-    leaks = leak_check(out, numbers)
+    leaks = leak_check(out, stub=stubbed)
     if leaks:
         raise AssignmentError(f"the student tree leaks {len(leaks)} solution line(s):\n" + "\n".join(leaks[:20]))
-    return {"out_dir": str(out), "assignments": numbers, "stubbed": sorted(stubs), "scrubbed": scrubbed}
+    return {"out_dir": str(out), "assignments": numbers, "stubbed": info["stubbed"],
+            "stubbed_assignments": sorted(stubbed), "scrubbed": info["scrubbed"]}
 
 
-def leak_check(tree, numbers=None) -> list[str]:
-    """Solution lines or markers of the handed-out assignments found in ``tree`` (empty: no leak)."""
-    exact, normalized = _solution_lines(sorted(ASSIGNMENTS) if not numbers else numbers)
-    return find_leaks(Path(tree), exact, normalized)
+def leak_check(tree, numbers=None, *, stub=None) -> list[str]:
+    """Solution lines, near-copies (a run of WINDOW tokens of a solution) or markers of the stubbed assignments
+    found in ``tree`` (empty: no leak). ``numbers`` as for :func:`build` (the release flow); default all."""
+    stubbed = ({get(n).number for n in stub} if stub is not None
+               else release_set(numbers) if numbers else set(ASSIGNMENTS))
+    exact, normalized = _solution_lines(stubbed)
+    leaks = find_leaks(Path(tree), exact, normalized)
+    return leaks + find_window_leaks(Path(tree), solution_windows(stubbed))
 
 
 def _solution_lines(numbers) -> tuple[set[str], set[str]]:
     keep = {(p.path, p.qualname) for n in numbers for p in ASSIGNMENTS[get(n).number].parts}
     regions = [r for r in all_regions() if (r.path, r.qualname) in keep]
     return solution_lines(PACKAGE_DIR, regions)
+
+
+# --------------------------------------------------------------------------- near-copies (token windows)
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def _tokens(text: str) -> list[tuple[str, int]]:
+    """(token, 1-based line) of every word or punctuation character; comments dropped."""
+    out = []
+    for k, line in enumerate(text.splitlines(), 1):
+        code = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
+        out += [(t, k) for t in _TOKEN.findall(code)]
+    return out
+
+
+def solution_windows(numbers) -> dict[tuple, str]:
+    """Every run of WINDOW tokens of a solution region of ``numbers`` -> "path:qualname" (regions shorter than
+    WINDOW tokens are left to the line check), less the runs that a released solution (of an assignment not in
+    ``numbers``) also has: those are out already."""
+    numbers = {get(n).number for n in numbers}
+    owner = {(p.path, p.qualname): n for n, a in ASSIGNMENTS.items() for p in a.parts}
+    out, released = {}, set()
+    for r in all_regions():
+        lines = (PACKAGE_DIR / r.path).read_text().splitlines()[r.begin + 1:r.end]
+        toks = [t for t, _ in _tokens("\n".join(lines))]
+        for i in range(len(toks) - WINDOW + 1):
+            w = tuple(toks[i:i + WINDOW])
+            if owner[(r.path, r.qualname)] in numbers:
+                out.setdefault(w, f"{r.path}:{r.qualname}")
+            else:
+                released.add(w)
+    return {w: src for w, src in out.items() if w not in released}
+
+
+def _window_hits(text: str, windows: dict) -> list[tuple[int, int, str]]:
+    toks = _tokens(text)
+    words = [t for t, _ in toks]
+    hits = []
+    for i in range(len(words) - WINDOW + 1):
+        src = windows.get(tuple(words[i:i + WINDOW]))
+        if src is not None:
+            hits.append((toks[i][1], toks[i + WINDOW - 1][1], src))
+    return hits
+
+
+def scrub_windows(text: str, windows: dict) -> tuple[str, int]:
+    """Drop every line that a near-copy of a solution touches."""
+    drop = set()
+    for a, b, _ in _window_hits(text, windows):
+        drop.update(range(a, b + 1))
+    if not drop:
+        return text, 0
+    lines = text.splitlines(keepends=True)
+    return "".join(line for k, line in enumerate(lines, 1) if k not in drop), len(drop)
+
+
+def find_window_leaks(tree: Path, windows: dict) -> list[str]:
+    leaks = []
+    for f in sorted(tree.rglob("*")):
+        if not f.is_file() or f.suffix not in TEXT_SUFFIXES:
+            continue
+        try:
+            text = f.read_text()
+        except UnicodeDecodeError:
+            continue
+        rel = f.relative_to(tree).as_posix()
+        if rel == f"tests/{ORACLES}":   # generated from ORACLE_SOURCES, none of which is a solution
+            continue
+        allowed = []
+        if f.suffix == ".py":
+            try:
+                parsed = ast.parse(text)
+            except SyntaxError:
+                parsed = None
+            if parsed is not None:
+                from .markers import _functions
+
+                pkg_rel = rel[len("minillm/"):]
+                funcs = _functions(parsed)
+                allowed = [(fn.lineno, fn.end_lineno) for q, fn in funcs if (pkg_rel, q) in GIVEN_LOOKALIKES]
+                # a signature repeats the argument list of the call in a solution: not a leak
+                allowed += [(fn.lineno, fn.body[0].lineno - 1) for q, fn in funcs if fn.body[0].lineno > fn.lineno]
+        seen = set()
+        for a, b, src in _window_hits(text, windows):
+            if any(lo <= a and b <= hi for lo, hi in allowed) or (a, src) in seen:
+                continue
+            if any(x[1] == src and abs(x[0] - a) < 3 for x in seen):
+                continue
+            seen.add((a, src))
+            leaks.append(f"{rel}:{a}: near-copy of the solution of {src}")
+    return leaks

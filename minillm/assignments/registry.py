@@ -38,6 +38,9 @@ class Assignment:
     needs_triton: bool = False  # some tests run a Triton kernel (in the interpreter on CPU)
     builds_on: tuple[int, ...] = ()  # earlier assignments whose code its tests run through (the engine needs the
                                      # allocator and the decoder): their solutions stay in its "alone" check
+    reveals: tuple[tuple[str, str], ...] = ()  # (path, qualname) of given code that would hand out this assignment's
+                                               # solution: stubbed in every tree (student or grading) that stubs it
+    forbid: tuple[str, ...] = ()     # names its bodies may not use (a given helper that does the graded step)
 
     @property
     def files(self) -> list[str]:
@@ -133,7 +136,8 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "The online statistics and the merged partials equal a one-shot softmax, including -inf entries and "
         "huge logits; the kernel matches NumPy in the interpreter.",
         "Benchmark the kernel against torch.softmax on a GPU for row widths 1k-64k (target: within 10% of "
-        "torch at 8k columns).", needs_triton=True),
+        "torch at 8k columns).", needs_triton=True,
+        reveals=(("explorables.py", "online_softmax_steps"),)),
     Assignment(
         6, "FlashAttention: tiled forward in NumPy and Triton (backward as a stretch)",
         "chapters/06_flash_attention",
@@ -153,9 +157,12 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "Nq != Nk, tiny blocks and huge logits.",
         "Benchmark the Triton forward against torch's scaled_dot_product_attention on a GPU at N = 1k-16k "
         "(target: at least 70% of its throughput at N = 4096, bf16, d = 128). Then load K and V through "
-        "tensor descriptors (tl.make_tensor_descriptor) as the module's forward v2 does, and time your two "
-        "versions side by side with benchmarks/flash_attention_tune.py-style checks against cuDNN.",
-        needs_triton=True),
+        "tensor descriptors (tl.make_tensor_descriptor), as chapter 6's Hopper forward does, and time your two "
+        "versions side by side (median of many launches after a warm-up, as chapter 6 measures).",
+        needs_triton=True,
+        reveals=(("kernels/flash_hopper.py", "_fwd_inner_tma"), ("kernels/flash_hopper.py", "_fwd_resume_kernel"),
+                 ("kernels/flash_backward.py", "_bwd_dq_inner"), ("kernels/batch_invariant.py", "_step")),
+        forbid=("softmax_step",)),
     Assignment(
         7, "Paged attention: block allocator, copy-on-write and the paged decode kernel",
         "chapters/07_paged_attention",
@@ -194,7 +201,9 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "The allocator keeps its invariants under random operation sequences, forks copy exactly one block "
         "on write, and the kernel matches the NumPy paged reference.",
         "Benchmark the paged decode kernel against contiguous decode attention on a GPU (target: within "
-        "15% at block size 16, batch 16, 4k tokens).", needs_triton=True),
+        "15% at block size 16, batch 16, 4k tokens).", needs_triton=True,
+        reveals=(("kernels/paged_prefill.py", "_varlen_inner"), ("kernels/batch_invariant.py", "_attention_kernel"),
+                 ("kernels/flash_hopper.py", "_fwd_inner_tma"))),
     Assignment(
         8, "The scheduler step: token budget, chunked prefill, preemption", "chapters/08_continuous_batching",
         "Write the step that makes continuous batching work: which sequences run next and how many of their "
@@ -215,7 +224,7 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "preemption, prefix sharing and static batching; no step exceeds its budget or sequence cap; no block "
         "leaks.",
         "Serve the chapter's chat trace on a GPU with the torch runner and compare continuous with static "
-        "batching (the book's measured ratio is in benchmarks/results/serving_h200.json).",
+        "batching (chapter 8 prints the book's measured ratio).",
         builds_on=(1, 2, 7)),
     Assignment(
         9, "The rejection sampler of speculative decoding", "chapters/09_speculative_decoding",
@@ -234,8 +243,10 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         (3, 5),
         "The first emitted token passes a chi-square goodness-of-fit test against p for sampled, one-hot and "
         "greedy drafts (and a biased sampler fails it); p == q accepts everything; bad input raises.",
-        "Run benchmarks/speculative_bench.py on a GPU and explain, from the recorded draft-round and verify "
-        "times, why prompt lookup beats the draft model at batch 1."),
+        "Time a draft round and a verify step of the draft model and of prompt lookup on a GPU (LLM(..., "
+        "num_speculative_tokens=..., speculative_model=...) with the torch runner) and explain from those "
+        "times why prompt lookup beats the draft model at batch 1 (chapter 9 prints the book's recorded times).",
+        reveals=(("torch_sampling.py", "verify_batch"),)),
 )}
 
 

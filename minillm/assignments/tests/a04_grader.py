@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from minillm.attention import standard_attention
 from minillm.hardware import flash_attention_traffic, simulate_tiled_attention
+from oracles import standard_attention
 
 
 def _ref(q, k, v):

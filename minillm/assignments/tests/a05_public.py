@@ -1,12 +1,8 @@
 """Assignment 5, public tests: the online statistics, the merge, and the Triton row softmax."""
 import numpy as np
 
-from minillm.softmax import (
-    merge,
-    online_max_and_normalizer,
-    partial_attention,
-    safe_softmax,
-)
+from minillm.softmax import merge, online_max_and_normalizer
+from oracles import partial_attention, safe_softmax
 
 
 def test_online_max_and_normalizer_match_two_pass(rng):

@@ -3,7 +3,8 @@ chi-square goodness of fit of the first emitted token against p (bins with expec
 threshold p-value > 1e-3."""
 import numpy as np
 
-from minillm.speculative import chi_square_gof, residual, verify
+from minillm.speculative import residual, verify
+from oracles import chi_square_gof
 
 V = 8
 

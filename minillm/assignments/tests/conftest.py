@@ -1,37 +1,55 @@
 """Shared by the public and the grader tests: fixtures, the points/stretch marks, and (only when the
-grader runs them) a per-test time limit and a log of every result.
+grader runs them) a per-test time limit, a log of every result and an integrity check.
 
-The grader sets MINILLM_GRADE_LOG (a JSON-lines file) and MINILLM_GRADE_TIMEOUT (seconds); students
-running the public tests with plain pytest get neither.
+The grader sets MINILLM_GRADE_LOG (a JSON-lines file), MINILLM_GRADE_TIMEOUT (seconds), MINILLM_GRADE_ROOT
+(the trusted package it grades) and MINILLM_GRADE_FILES (the files whose bodies the student wrote); students
+running the public tests with plain pytest get none of them.
+
+The integrity check: after every test, the objects the tests rely on (NumPy's and pytest's functions, the
+builtins, the oracles, the test modules, the package's modules and classes) must be the ones that were there
+when the tests were collected; a test after which one was replaced is reported as ``tampered``, which scores
+the whole submission 0.
 """
 from __future__ import annotations
 
+import builtins
 import json
+import math
 import os
 import signal
+import sys
 import time
 
 import numpy as np
 import pytest
 
+# The tests build their tensors on the CPU, so the Triton kernels run in the interpreter even on a CUDA machine
+# (compiled runs on a GPU are the handouts' ungraded extension). Set before anything imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 _LOG = os.environ.get("MINILLM_GRADE_LOG")
 _TIMEOUT = float(os.environ.get("MINILLM_GRADE_TIMEOUT") or 0)
 _EXPECT = os.environ.get("MINILLM_GRADE_ROOT")
+_FILES = [f for f in (os.environ.get("MINILLM_GRADE_FILES") or "").split(os.pathsep) if f]
 
 
 class TestTimedOut(BaseException):
     """Raised in a test that ran past its limit (a BaseException, so ``except Exception`` cannot swallow it)."""
 
 
+_write = open(_LOG, "a", buffering=1) if _LOG else None  # noqa: SIM115 -- open for the whole session
+
+
 def _log(**record) -> None:
-    if _LOG:
-        with open(_LOG, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    if _write is not None:
+        _write.write(json.dumps(record) + "\n")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "points(n): the test is worth n points (default 1)")
     config.addinivalue_line("markers", "stretch: an optional part; its points are a bonus outside the maximum")
+    config.addinivalue_line("markers", "core: a test of the core idea; the other tests count only once every "
+                                       "core test of the assignment passes")
 
 
 def pytest_sessionstart(session):
@@ -52,13 +70,66 @@ def pytest_collectreport(report):
         _log(event="collect_error", nodeid=report.nodeid, message=str(report.longrepr)[-4000:])
 
 
+# --------------------------------------------------------------------------- integrity
+
+_snapshot: dict[str, dict[str, object]] = {}
+
+
+def _watched() -> dict[str, dict]:
+    """name -> namespace whose entries no test may replace."""
+    spaces = {"builtins": vars(builtins), "numpy": vars(np), "numpy.testing": vars(np.testing),
+              "numpy.random": vars(np.random), "math": vars(math), "pytest": vars(pytest),
+              "conftest": globals()}
+    for name, mod in list(sys.modules.items()):
+        if mod is None:
+            continue
+        if name == "oracles" or name.startswith(("minillm", "a0", "zz_integrity")) or name.endswith("conftest"):
+            spaces[name] = vars(mod)
+            if name.startswith("minillm"):
+                for k, v in list(vars(mod).items()):
+                    if isinstance(v, type) and getattr(v, "__module__", None) == name:
+                        spaces[f"{name}.{k}"] = v.__dict__
+    return spaces
+
+
+def _code_like(v) -> bool:
+    """Functions, classes, modules and descriptors: what a test calls. (Data such as a module's cache may
+    legitimately change while the tests run; code may not.)"""
+    return callable(v) or isinstance(v, (type(math), staticmethod, classmethod, property))
+
+
+def _take_snapshot() -> None:
+    _snapshot.clear()
+    for name, ns in _watched().items():
+        _snapshot[name] = {k: v for k, v in list(ns.items())
+                           if _code_like(v) and not (k.startswith("__") and k != "__import__")}
+
+
+def _changed() -> list[str]:
+    now = _watched()
+    out = []
+    for name, objs in _snapshot.items():
+        ns = now.get(name)
+        if ns is None:
+            out.append(f"{name} was removed")
+            continue
+        for k, v in objs.items():
+            if k not in ns or ns[k] is not v:
+                out.append(f"{name}.{k} was replaced")
+    return out
+
+
 def pytest_collection_finish(session):
     tests = []
     for item in session.items:
         mark = item.get_closest_marker("points")
+        doc = (getattr(getattr(item, "function", None), "__doc__", None) or "").strip().split("\n")[0]
         tests.append({"id": item.nodeid, "points": float(mark.args[0]) if mark else 1.0,
-                      "stretch": item.get_closest_marker("stretch") is not None})
+                      "stretch": item.get_closest_marker("stretch") is not None,
+                      "core": item.get_closest_marker("core") is not None, "doc": doc})
     _log(event="collected", tests=tests)
+    if _LOG:
+        _take_snapshot()
 
 
 _state: dict[str, dict] = {}
@@ -66,7 +137,8 @@ _state: dict[str, dict] = {}
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    _state[item.nodeid] = {"outcome": "passed", "message": "", "details": "", "t0": time.time()}
+    _state[item.nodeid] = {"outcome": "passed", "message": "", "details": "", "t0": time.time(), "exc": None,
+                           "frames": []}
     _log(event="start", id=item.nodeid, t=time.time())
     yield
 
@@ -87,6 +159,42 @@ def pytest_runtest_call(item):
             signal.signal(signal.SIGALRM, previous)
 
 
+def _student_frames(tb) -> list[list]:
+    """(file, line, function, source line) of each traceback frame in a file the student wrote."""
+    if not _EXPECT or not _FILES:
+        return []
+    root = os.path.realpath(_EXPECT) + os.sep
+    out = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        path = os.path.realpath(code.co_filename)
+        rel = path[len(root):] if path.startswith(root) else None
+        if rel in _FILES:
+            import linecache
+
+            out.append([rel, tb.tb_lineno, code.co_name, linecache.getline(path, tb.tb_lineno).strip()])
+        tb = tb.tb_next
+    return out[-8:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    st = _state.get(item.nodeid)
+    if st is not None and call.excinfo is not None and st["exc"] is None:
+        value = call.excinfo.value
+        tb = call.excinfo.tb
+        frames = _student_frames(tb)
+        last = tb
+        while last is not None and last.tb_next is not None:
+            last = last.tb_next
+        in_student = bool(frames) and last is not None and os.path.realpath(
+            last.tb_frame.f_code.co_filename).endswith(os.sep + frames[-1][0])
+        st["exc"] = {"type": type(value).__name__, "text": str(value)[:2000], "raised_in_student_code": in_student}
+        st["frames"] = frames
+    del outcome
+
+
 def pytest_runtest_logreport(report):
     st = _state.get(report.nodeid)
     if st is None:
@@ -102,8 +210,12 @@ def pytest_runtest_logreport(report):
         if "TestTimedOut" in report.longreprtext:
             st["outcome"] = "timeout"
     if report.when == "teardown":
+        tampered = _changed() if _snapshot else []
+        if tampered:
+            st["outcome"] = "tampered"
+            st["message"] = "the test changed objects the tests rely on: " + "; ".join(tampered[:5])
         _log(event="result", id=report.nodeid, outcome=st["outcome"], message=st["message"],
-             details=st["details"], duration=time.time() - st["t0"])
+             details=st["details"], duration=time.time() - st["t0"], exc=st["exc"], frames=st["frames"])
 
 
 # --------------------------------------------------------------------------- fixtures
