@@ -256,25 +256,30 @@ def test_total_time_cap_bounds_a_hanging_submission(tmp_path):
 
 
 def test_student_report_holds_no_grader_source(tmp_path):
-    """A wrong submission that fails grader tests in many ways: the student's report (and results.json) quotes
+    """A wrong submission that fails grader tests in several ways: the student's report (and results.json) quotes
     no line of the grader tests, while the instructor's report keeps the details."""
-    tree = _tree(tmp_path, 5)
-    _set_body(tree, "softmax.py", "online_max_and_normalizer",
-              "m = x.max(axis=-1)\nl = np.exp(x - m[..., None]).sum(-1)\nif tile > 3:\n"
-              "    raise ValueError('tile too big')\nreturn m, l")
-    report = grade(tree, 5, out_dir=tmp_path / "out")
-    view = json.loads((tmp_path / "out" / "assignment-05.student.json").read_text())
+    tree = _tree(tmp_path, 4)
+    _solve(tree, "hardware.py", "flash_attention_traffic")
+    _set_body(tree, "hardware.py", "simulate_tiled_attention",
+              "if block_m == 1:\n    raise ValueError('tiles of one row are not supported')\n"
+              "o = np.zeros_like(q)\nreturn o, TrafficCounter()")
+    report = grade(tree, 4, out_dir=tmp_path / "out")
+    view = json.loads((tmp_path / "out" / "assignment-04.student.json").read_text())
     from minillm.assignments.gradescope import results_json
 
     gs = json.dumps(results_json(report))
-    source = [normalize(s) for s in (TESTS_DIR / "a05_grader.py").read_text().splitlines() if len(normalize(s)) >= 16]
+    source = [normalize(s) for s in (TESTS_DIR / "a04_grader.py").read_text().splitlines() if len(normalize(s)) >= 16]
+    public = {normalize(s) for s in (TESTS_DIR / "a04_public.py").read_text().splitlines()}
     flat = normalize(json.dumps(view)) + normalize(gs)
-    assert not [s for s in source if s in flat]
+    assert not [s for s in source if s in flat and s not in public]
     hidden = [t for t in view["tests"] if t["kind"] == "grader" and t["outcome"] != "passed"]
-    assert hidden and any("ValueError raised in your code: tile too big" in t["message"] for t in hidden)
-    assert any(t["your_code"] and t["your_code"][0].startswith("minillm/softmax.py:") for t in hidden)
-    inst = json.loads((tmp_path / "out" / "assignment-05.json").read_text())
-    assert any("a05_grader.py" in t["details"] for t in inst["tests"] if t["outcome"] == "failed")
+    assert hidden and any("ValueError raised in your code: tiles of one row are not supported" in t["message"]
+                          for t in hidden)
+    assert any(t["message"].startswith("wrong result") for t in hidden)
+    assert any(t["your_code"] and t["your_code"][0].startswith("minillm/hardware.py:") for t in hidden)
+    inst = json.loads((tmp_path / "out" / "assignment-04.json").read_text())
+    assert any("a04_grader.py" in t["details"] for t in inst["tests"] if t["outcome"] == "failed")
+    assert 0 < report["score"] < report["max_score"]
 
 
 def test_a_zip_with_a_file_outside_the_assignment_is_refused(tmp_path):

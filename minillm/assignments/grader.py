@@ -7,9 +7,9 @@ What runs, and where:
    (:mod:`.splice`): a change anywhere else, a body that does not parse alone, or one that breaks the policy
    for graded code rejects the submission with a reason and a score of 0. The copy stubs every other
    assignment except those the assignment builds on, and the given code that would reveal a solution.
-2. The public tests and the grader tests run in two separate child processes (pytest), each in its own empty
-   temporary folder with a per-test time limit (an alarm; a watchdog kills a process the alarm cannot reach) and
-   the whole submission under a total time cap. The tests compare against ``oracles.py``, copied from the
+2. The public and the grader tests run in a child process (pytest) in its own empty temporary folder (also its
+   HOME and TMPDIR), with a per-test time limit (an alarm; a watchdog kills a process the alarm cannot reach,
+   and the remaining tests go on in a fresh one) and the whole submission under a total time cap. The tests compare against ``oracles.py``, copied from the
    reference package, which the submission cannot reach.
 3. Each child reports its results; after every test it checks that nothing the tests rely on was replaced,
    and two canary tests that must fail run last. A replaced object or a passing canary scores the whole
@@ -308,10 +308,11 @@ def _run_attempts(work, tree, args, files, timeout, deadline) -> tuple[dict, dic
     return meta, results, errors
 
 
-def _workdir(root: Path, name: str, test_file: str) -> Path:
+def _workdir(root: Path, name: str, test_files: list[str]) -> Path:
     work = root / name
     work.mkdir()
-    shutil.copy(TESTS_DIR / test_file, work / test_file)
+    for test_file in test_files:
+        shutil.copy(TESTS_DIR / test_file, work / test_file)
     shutil.copy(TESTS_DIR / SUPPORT, work / SUPPORT)
     (work / ORACLES).write_text(oracles_source())
     (work / CANARY).write_text(CANARY_SOURCE)
@@ -319,22 +320,30 @@ def _workdir(root: Path, name: str, test_file: str) -> Path:
     return work
 
 
+_collected: dict[tuple, dict] = {}   # (assignment, test files' mtimes) -> the reference's test list
+
+
 def _canonical_tests(root: Path, a: Assignment) -> dict[str, dict]:
     """The test list as collected against the reference package (for a submission that does not run)."""
+    files = [a.public_tests, a.grader_tests]
+    key = (a.number, *[(TESTS_DIR / f).stat().st_mtime_ns for f in files + [SUPPORT]])
+    if key in _collected:
+        return dict(_collected[key])
+    work = _workdir(root, "collect", files)
+    log = work / "collect.jsonl"
+    proc, out = _pytest(work, PACKAGE_DIR.parent, log, 0, files, [], collect_only=True)
+    try:
+        proc.wait(timeout=STARTUP_S)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+    out.close()
     meta = {}
-    for test_file in (a.public_tests, a.grader_tests):
-        work = _workdir(root, f"collect-{test_file[:-3]}", test_file)
-        log = work / "collect.jsonl"
-        proc, out = _pytest(work, PACKAGE_DIR.parent, log, 0, [test_file], [], collect_only=True)
-        try:
-            proc.wait(timeout=STARTUP_S)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-        out.close()
-        for r in _read_log(log, 0)[0]:
-            if r.get("event") == "collected":
-                for t in r["tests"]:
-                    meta[t["id"]] = t
+    for r in _read_log(log, 0)[0]:
+        if r.get("event") == "collected":
+            for t in r["tests"]:
+                meta[t["id"]] = t
+    if meta:
+        _collected[key] = dict(meta)
     return meta
 
 
@@ -370,12 +379,9 @@ def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeou
             write_package(tree / "minillm", grading_stubs(a))
             for f, text in sources.items():
                 (tree / f).write_text(text)
-            for name, test_file in (("public", a.public_tests), ("grader", a.grader_tests)):
-                work = _workdir(root, name, test_file)
-                m, r, e = _run(work, tree, [test_file, CANARY], files, timeout, deadline)
-                meta.update(m)
-                results.update(r)
-                errors += e
+            work = _workdir(root, "run", [a.public_tests, a.grader_tests])
+            meta, results, errors = _run(work, tree, [a.public_tests, a.grader_tests, CANARY], files, timeout,
+                                         deadline)
         if rejected is not None or errors or not meta:
             for tid, t in _canonical_tests(root, a).items():
                 meta.setdefault(tid, t)
@@ -386,13 +392,19 @@ def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeou
 
 
 def _secrets(a: Assignment) -> list[str]:
-    """Whitespace-free lines of the grader tests (and their docstrings' words runs): what no student report may
+    """Whitespace-free lines of the grader tests that the public tests do not have: what no student report may
     quote."""
+    public = {normalize(line) for line in (TESTS_DIR / a.public_tests).read_text().splitlines()}
     text = (TESTS_DIR / a.grader_tests).read_text()
-    return [n for n in (normalize(line) for line in text.splitlines()) if len(n) >= 8]
+    return [n for n in (normalize(line) for line in text.splitlines()) if len(n) >= 8 and n not in public]
 
 
 _DROP_PREFIXES = ("assert ", "where ", "+ ", "- ", "E ", ">", "and ", "AssertionError: assert")
+
+
+def _quotes(line: str, secrets: list[str]) -> bool:
+    n = normalize(line)
+    return any(sec in n for sec in secrets) or (len(n) >= 12 and any(n in sec for sec in secrets))
 
 
 def sanitize(text: str, secrets: list[str], max_lines: int = 6) -> str:
@@ -402,8 +414,7 @@ def sanitize(text: str, secrets: list[str], max_lines: int = 6) -> str:
         s = line.strip()
         if not s or s.startswith(_DROP_PREFIXES):
             continue
-        n = normalize(s)
-        if any(sec in n for sec in secrets) or (len(n) >= 12 and any(n in sec for sec in secrets)):
+        if _quotes(s, secrets):
             continue
         kept.append(s[:300])
         if len(kept) == max_lines:
@@ -419,8 +430,8 @@ def _student_message(t: dict, r: dict, kind: str, secrets: list[str]) -> str:
         return t["message"] if kind == "public" or outcome != "error" else "the test could not run"
     exc = r.get("exc") or {}
     etype, etext = exc.get("type", ""), exc.get("text", "")
-    if kind == "public":
-        msg = t["message"]
+    if kind == "public":   # the student has this test's source; the hidden tests' is kept out all the same
+        msg = "\n".join(line for line in t["message"].splitlines() if not _quotes(line, secrets))
         if not msg.strip() or msg.strip() in ("AssertionError", "AssertionError:"):
             msg = "AssertionError: the result is wrong" + (f" ({t['doc']})" if t.get("doc") else "")
         return msg

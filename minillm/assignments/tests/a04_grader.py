@@ -1,4 +1,6 @@
-"""Assignment 4, grader-only tests: ragged tiles, Nq != Nk, tiny and huge blocks, huge logits, dtypes, bad input."""
+"""Assignment 4, grader-only tests: the tiles go through the counter in FlashAttention-2's order (a recording
+counter, Nq != Nk), ragged tiles, tiny and huge blocks, huge logits, dtypes, bad input. Core: the loop order and
+the formula on ragged tiles."""
 import math
 
 import numpy as np
@@ -12,6 +14,57 @@ def _ref(q, k, v):
     return standard_attention(q[None, None], k[None, None], v[None, None])[0, 0]
 
 
+def _span(n, rows):
+    r = range(n)[rows]
+    return (r.start, r.stop)
+
+
+@pytest.mark.core
+@pytest.mark.points(3)
+@pytest.mark.parametrize("nq, nk, bm, bn", [(11, 7, 4, 3), (5, 13, 2, 6)])
+def test_tiles_move_through_the_counter_in_flash_order(rng, monkeypatch, nq, nk, bm, bn):
+    """The counter's bytes come from tiles actually loaded, in FlashAttention-2's loop order (query tile outer,
+    key tiles inner, each output tile stored once), also for Nq != Nk, which the formula does not cover."""
+    import minillm.hardware as hw
+
+    events = []
+
+    class Recording(hw.TrafficCounter):
+        def load(self, name, hbm, rows=slice(None)):
+            events.append(("load", name, _span(len(hbm), rows)))
+            return super().load(name, hbm, rows)
+
+        def store(self, name, hbm, rows, tile):
+            events.append(("store", name, _span(len(hbm), rows)))
+            return super().store(name, hbm, rows, tile)
+
+    monkeypatch.setattr(hw, "TrafficCounter", Recording)
+    d = 4
+    q, k, v = rng.normal(size=(nq, d)), rng.normal(size=(nk, d)), rng.normal(size=(nk, d))
+    o, counter = simulate_tiled_attention(q, k, v, bm, bn)
+    np.testing.assert_allclose(o, _ref(q, k, v), rtol=1e-9, atol=1e-12)
+    want = []
+    for i in range(0, nq, bm):
+        rows = (i, min(i + bm, nq))
+        want.append(("load", "q", rows))
+        for j in range(0, nk, bn):
+            cols = (j, min(j + bn, nk))
+            want.append({("load", "k", cols), ("load", "v", cols)})
+        want.append(("store", "o", rows))
+    got, pos = [], 0
+    for w in want:   # K and V of one tile may come in either order
+        if isinstance(w, set):
+            got.append(set(events[pos:pos + 2]))
+            pos += 2
+        else:
+            got.append(events[pos] if pos < len(events) else None)
+            pos += 1
+    assert got == want and pos == len(events)
+    assert counter.components == {"read_q": nq * d * 8, "read_k": len(range(0, nq, bm)) * nk * d * 8,
+                                  "read_v": len(range(0, nq, bm)) * nk * d * 8, "write_o": nq * d * 8}
+
+
+@pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize("n, d, bm, bn", [(37, 8, 5, 3), (13, 4, 1, 1), (9, 6, 64, 64), (16, 16, 16, 5)])
 def test_ragged_and_extreme_tiles_match_formula_and_reference(rng, n, d, bm, bn):

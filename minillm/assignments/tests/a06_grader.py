@@ -1,5 +1,7 @@
-"""Assignment 6, grader-only tests: odd lengths, GQA ratios, causal masks with Nq != Nk, tiny blocks, huge
-logits, the log-sum-exp, bad input; the Triton forward on the same cases; the backward (stretch)."""
+"""Assignment 6, grader-only tests: a length under a memory cap that dense attention (even by row blocks) cannot
+meet, odd lengths, GQA ratios, causal masks with Nq != Nk, tiny blocks, huge logits, the log-sum-exp, bad input;
+the Triton forward on the same cases; the backward (stretch). Core: the memory cap, the hard shapes (causal
+alignment included) in NumPy and in Triton (several key tiles: the accumulator's rescale)."""
 import numpy as np
 import pytest
 
@@ -28,6 +30,33 @@ CASES = [  # (B, Hq, Hkv, Nq, Nk, D, causal, block_m, block_n)
 ]
 
 
+@pytest.mark.core
+@pytest.mark.points(3)
+@pytest.mark.parametrize("causal", [False, True])
+def test_numpy_flash_fits_a_memory_cap_dense_attention_cannot(rng, causal):
+    """N = 4096 under 1.5 MB of temporaries: the (N, N) scores take 128 MB, and even one row block of them
+    (128 x 4096) 4 MB, so only key tiles streamed through a running softmax fit."""
+    import tracemalloc
+
+    q, k, v = _qkv(rng, 1, 1, 1, 4096, 4096, 4)
+    tracemalloc.start()
+    try:
+        o = flash_attention(q, k, v, causal=causal, block_m=128, block_n=32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_500_000, f"{peak / 1e6:.1f} MB of temporaries"
+    rows = slice(0, 4096, 257)   # a sample of rows against the oracle (all of them would need the dense matrix)
+    want = standard_attention(q[:, :, rows], k, v) if not causal else None
+    if causal:
+        s = q[0, 0, rows] @ k[0, 0].T / 2.0
+        s = np.where(np.arange(4096)[None, :] <= np.arange(4096)[rows][:, None], s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = ((p / p.sum(-1, keepdims=True)) @ v[0, 0])[None, None]
+    np.testing.assert_allclose(o[:, :, rows], want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize("case", CASES)
 def test_numpy_flash_hard_shapes(rng, case):
@@ -83,6 +112,7 @@ def _triton(q, k, v, **kw):
     return tuple(t.numpy() for t in out) if isinstance(out, tuple) else out.numpy()
 
 
+@pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize("case", [(1, 4, 2, 19, 19, 16, True), (1, 2, 1, 5, 21, 24, True),
                                   (2, 2, 2, 17, 9, 16, False)])

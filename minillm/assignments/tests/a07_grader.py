@@ -30,6 +30,7 @@ def test_allocator_misuse_raises():
     assert a.num_free == 3
 
 
+@pytest.mark.core
 @pytest.mark.points(3)
 @pytest.mark.parametrize("seed", range(4))
 def test_allocator_invariants_under_random_operations(seed):
@@ -197,6 +198,7 @@ def _triton(q, kc, vc, table, lens, **kw):
     return triton_paged(*(torch.from_numpy(x) for x in (q, kc, vc, table, lens)), **kw).numpy()
 
 
+@pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize("hq, hkv, bs, lens", [(8, 2, 3, [1, 11, 7]), (4, 4, 5, [16, 3, 1]), (6, 1, 16, [20, 2, 33])])
 def test_triton_paged_decode_gqa_odd_blocks(rng, hq, hkv, bs, lens):

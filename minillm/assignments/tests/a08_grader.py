@@ -1,6 +1,8 @@
 """Assignment 8, grader-only tests: random traces with arrivals over time against the simple decoder, the
 step's invariants checked at every step (budget, sequence cap, FCFS admission, no leaks), prefix caching,
-static batching, prefill without chunking, speculative reservations, and preemption of the asking sequence."""
+static batching, prefill without chunking, speculative reservations, preemption of the asking sequence, and the
+queue order after a preemption (preempted sequences ahead of new requests). Core: the random traces and the
+queue order."""
 import numpy as np
 import pytest
 
@@ -46,6 +48,7 @@ def run_checked(eng, prompts, outs, arrivals, budget, cap):
     return [eng.output(ids[i]) for i in range(len(prompts))]
 
 
+@pytest.mark.core
 @pytest.mark.points(3)
 @pytest.mark.parametrize("seed,blocks,budget,chunk,cap", [(0, 40, 12, 5, 4), (1, 9, 16, None, 3),
                                                           (2, 7, 6, 2, 8), (3, 64, 64, None, 2)])
@@ -55,6 +58,31 @@ def test_random_traces_match_the_simple_decoder_with_invariants(small_model, see
                  max_num_seqs=cap)
     for p, o, g in zip(prompts, outs, run_checked(eng, prompts, outs, arrivals, budget, cap)):
         assert g.token_ids == cached_decode(small_model, p, o).new_tokens
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_preempted_sequences_wait_ahead_of_every_new_request(small_model):
+    """After each step, the sequences preempted in it wait at the front of the queue, ahead of requests that never
+    ran, with their K/V forgotten (num_computed 0); the tokens stay exact."""
+    prompts, outs, _ = trace(4, n=6)
+    eng = engine(small_model, num_blocks=10, max_num_batched_tokens=32, max_num_seqs=3)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=o + 4, ignore_eos=True)) for p, o in zip(prompts, outs)]
+    sched, seen = eng.scheduler, 0
+    while eng.has_unfinished():
+        counts = {s.seq_id: s.num_preemptions for s in sched.running}
+        batch = sched.schedule()
+        preempted = [s for s in sched.waiting if s.num_preemptions > counts.get(s.seq_id, s.num_preemptions)]
+        if preempted:
+            seen += len(preempted)
+            front = list(sched.waiting)[:len(preempted)]
+            assert {s.seq_id for s in front} == {s.seq_id for s in preempted}, "preempted sequences not in front"
+            assert all(s.num_computed == 0 for s in preempted)
+        if batch is not None:
+            sched.postprocess(batch, eng.runner.execute(batch), None)
+    assert seen > 0
+    for i, p, o in zip(ids, prompts, outs):
+        assert eng.output(i).token_ids == cached_decode(small_model, p, o + 4).new_tokens
 
 
 def test_preempted_sequence_goes_to_the_front_and_recomputes(small_model):

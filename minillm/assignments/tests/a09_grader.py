@@ -1,11 +1,13 @@
 """Assignment 9, grader-only tests: exactness by chi-square (statistic: Pearson's goodness of fit of the
 emitted tokens against the target rows, bins with expected count < 5 pooled; threshold p > 1e-3) for
 several (p, q), q with zeros where p has mass, one-hot drafts, the second token after an acceptance, the
-bonus token, k = 0, the vocabulary's last id; bad input raises. (That this test statistic rejects a biased
+bonus token, k = 0, the vocabulary's last id; bad input raises; the residual each rejected trial is resampled from,
+recorded with a planted draft distribution. Core: the residual and the first token's distribution. (That this test statistic rejects a biased
 sampler is checked in the book's own tests, tests/test_speculative.py; it grades nothing here.)"""
 import numpy as np
 import pytest
 
+from minillm.sampling import verify_probs
 from minillm.speculative import verify
 from oracles import chi_square_gof
 
@@ -29,6 +31,42 @@ def first_tokens(p_rows, q, seed):
     return np.where(n_acc >= 1, drafts[:, 0], nxt)
 
 
+@pytest.mark.core
+@pytest.mark.points(3)
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejected_trials_draw_from_the_residual(one_hot):
+    """A planted draft distribution q far from p: every rejected trial is resampled from max(p - q, 0) of its own
+    row (for one-hot drafts: p with the draft removed), never from p itself; accepted ones keep their draft."""
+    rng = np.random.default_rng(21)
+    p = rng.dirichlet(np.full(V, 0.7), size=3)
+    q = None if one_hot else np.roll(p, 3, axis=1)
+    drafts = np.array([0, 1, 2, 3, 4, 5, 6, 7, 1, 2])
+    rows = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0])
+    u = np.linspace(0.05, 0.999, drafts.size)
+    seen = []
+
+    def resample(r, group, trials):
+        seen.append((np.array(r), np.array(group), np.array(trials)))
+        return np.full(len(trials), V - 1)
+
+    accept, tokens = verify_probs(p, q, drafts, u, resample, rows=rows)
+    qd = np.ones(drafts.size) if one_hot else q[rows, drafts]
+    want_accept = u * qd < p[rows, drafts]
+    assert (np.asarray(accept) == want_accept).all() and (~want_accept).any()
+    assert (np.asarray(tokens)[want_accept] == drafts[want_accept]).all()
+    assert len(seen) == 1
+    r, group, trials = seen[0]
+    assert sorted(trials.tolist()) == np.flatnonzero(~want_accept).tolist()
+    for g, t in zip(group, trials):
+        if one_hot:
+            want = p[rows[t]].copy()
+            want[drafts[t]] = 0.0
+        else:
+            want = np.maximum(p[rows[t]] - q[rows[t]], 0.0)
+        np.testing.assert_allclose(r[g] / r[g].sum(), want / want.sum(), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.core
 @pytest.mark.points(2)
 @pytest.mark.parametrize("seed,zero_q", [(2, False), (3, False), (4, True), (5, True)])
 def test_first_token_exact_for_random_drafters(seed, zero_q):

@@ -1,0 +1,164 @@
+"""Submissions that produce the right outputs without the algorithm (issue 35 item 2), and ordinary mistakes:
+each scored full marks or most of them with the old tests. Now a test of the algorithm's shape fails, and since
+it is a core test, the other tests stop counting: each scores well below full marks.
+
+Every submission is the reference with one part replaced by what a student could write in ten lines.
+"""
+import pytest
+
+from minillm.assignments import ASSIGNMENTS, grade
+from minillm.assignments.builder import PACKAGE_DIR, tree_text
+from tests.test_assignments_attacks import _set_body, _solve, _tree
+
+
+def _solved(tmp_path, n):
+    tree = _tree(tmp_path, n)
+    for p in ASSIGNMENTS[n].parts:
+        _solve(tree, p.path, p.qualname)
+    return tree
+
+
+def _failed_core(report):
+    return [t["id"] for t in report["tests"] if t["core"] and t["outcome"] != "passed"]
+
+
+GAMED = {
+    "two-pass online softmax": (5, "softmax.py", "online_max_and_normalizer", """
+x = _as_float(x)
+if int(tile) < 1:
+    raise ValueError("tile must be >= 1")
+acc = np.result_type(x.dtype, np.float32)
+xa = x.astype(acc)
+m = xa.max(axis=-1)
+safe = np.where(np.isfinite(m), m, 0.0)
+return m, exp(xa - safe[..., None]).sum(axis=-1)
+"""),
+    "online softmax without the rescale": (5, "softmax.py", "online_max_and_normalizer", """
+x = _as_float(x)
+if int(tile) < 1:
+    raise ValueError("tile must be >= 1")
+acc = np.result_type(x.dtype, np.float32)
+m = np.full(x.shape[:-1], -np.inf, acc)
+l = np.zeros(x.shape[:-1], acc)
+for start in range(0, x.shape[-1], tile):
+    block = x[..., start:start + tile].astype(acc)
+    m = np.maximum(m, block.max(axis=-1))
+    safe = np.where(np.isfinite(m), m, 0.0)
+    l = l + exp(block - safe[..., None]).sum(axis=-1)
+return m, l
+"""),
+    "dense untiled FlashAttention": (6, "attention.py", "flash_attention", """
+B, Hq, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
+if int(block_m) < 1 or int(block_n) < 1:
+    raise ValueError("block sizes must be >= 1")
+sc = 1.0 / np.sqrt(D) if scale is None else float(scale)
+ct = _compute_dtype(q, k, v)
+g = Hq // Hkv
+kk, vv = np.repeat(k.astype(ct), g, axis=1), np.repeat(v.astype(ct), g, axis=1)
+s = (q.astype(ct) @ kk.swapaxes(-1, -2)) * ct.type(sc)
+if causal:
+    s = np.where(causal_mask(Nq, Nk), s, -np.inf)
+m = s.max(-1)
+safe = np.where(np.isfinite(m), m, 0.0)
+p = np.exp(s - safe[..., None])
+l = p.sum(-1)
+o = ((p @ vv) / np.where(l > 0, l, 1.0)[..., None]).astype(q.dtype)
+with np.errstate(divide="ignore"):
+    lse = np.where(l > 0, safe + np.log(np.where(l > 0, l, 1.0)), -np.inf).astype(ct)
+return (o, lse) if return_lse else o
+"""),
+    "traffic counter filled from the formula": (4, "hardware.py", "simulate_tiled_attention", """
+nq, nk, d = _check_2d(q, k, v)
+block_m, block_n = _positive_int("block_m", block_m), _positive_int("block_n", block_n)
+from .attention import standard_attention
+o = standard_attention(q[None, None], k[None, None], v[None, None])[0, 0]
+c = TrafficCounter()
+tiles, b = -(-nq // block_m), q.dtype.itemsize
+c.reads.update(q=nq * d * b, k=tiles * nk * d * b, v=tiles * nk * d * b)
+c.writes.update(o=nq * d * b)
+return o.astype(q.dtype), c
+"""),
+    "preempted sequences at the back of the queue": (8, "serving/scheduler.py", "Scheduler._preempt", """
+self.bm.free(seq)
+seq.num_computed = 0
+seq.status = SequenceStatus.WAITING
+seq.num_preemptions += 1
+self.num_preemptions += 1
+self.waiting.append(seq)
+if self.config.static_batching:
+    self._static_quota += 1
+"""),
+    "resample from p instead of the residual": (9, "sampling.py", "verify_probs", """
+p = np.asarray(p, np.float64)
+d = np.asarray(drafts, np.int64)
+rows = np.arange(d.size) if rows is None else np.asarray(rows, np.int64)
+pd = p[rows, d]
+qd = np.ones_like(pd) if q is None else np.asarray(q, np.float64)[rows, d]
+accept = u_accept * qd < pd
+tokens = d.copy()
+trials = np.flatnonzero(~accept)
+if trials.size:
+    uniq, group = np.unique(rows[trials], return_inverse=True)
+    tokens[trials] = resample(p[uniq], group.reshape(-1), trials)
+return accept, tokens
+"""),
+}
+
+
+# Ordinary mistakes, as edits of the reference body: (assignment, file, part, old text, new text).
+MISTAKES = {
+    "causal mask aligned top-left": (6, "attention.py", "flash_attention", [
+        ("np.where(_tile_mask(i0, i1, j0, j1, Nq, Nk), s, -np.inf)",
+         "np.where(np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None], s, -np.inf)"),
+        ("j_end = min(Nk, i1 + Nk - Nq) if causal else Nk", "j_end = min(Nk, i1) if causal else Nk")]),
+    "kernel without the accumulator rescale": (6, "kernels/flash_attention.py", "_fwd_inner", [
+        ("acc = acc * alpha[:, None]", "acc = acc")]),
+}
+
+
+def _reference_body(rel, qualname):
+    from minillm.assignments.builder import all_regions
+
+    r = next(r for r in all_regions() if (r.path, r.qualname) == (rel, qualname))
+    lines = (PACKAGE_DIR / rel).read_text().splitlines()[r.begin + 1:r.end]
+    return "\n".join(line[len(r.indent):] for line in lines)
+
+
+@pytest.mark.parametrize("name", sorted(MISTAKES))
+def test_a_mistake_in_the_core_idea_costs_most_of_the_marks(tmp_path, name):
+    n, rel, qualname, edits = MISTAKES[name]
+    body = _reference_body(rel, qualname)
+    for old, new in edits:
+        assert old in body, old
+        body = body.replace(old, new)
+    tree = _solved(tmp_path, n)
+    _set_body_over_reference(tree, rel, qualname, body)
+    report = grade(tree, n)
+    assert report["rejected"] is None and _failed_core(report)
+    assert report["score"] <= 0.6 * report["max_score"], (report["score"], report["max_score"])
+
+
+@pytest.mark.parametrize("name", sorted(GAMED))
+def test_gamed_submission_scores_well_below_full_marks(tmp_path, name):
+    n, rel, qualname, body = GAMED[name]
+    tree = _solved(tmp_path, n)
+    _set_body_over_reference(tree, rel, qualname, body)
+    report = grade(tree, n)
+    assert report["rejected"] is None and not report["tampered"]
+    assert _failed_core(report), "a core test must catch it"
+    assert report["score"] <= 0.6 * report["max_score"], (report["score"], report["max_score"])
+
+
+def _set_body_over_reference(tree, rel, qualname, body):
+    """Undo the reference body of ``qualname`` back to its stub, then write ``body``."""
+    n = next(a.number for a in ASSIGNMENTS.values() for p in a.parts if (p.path, p.qualname) == (rel, qualname))
+    stubbed = tree_text(rel, (PACKAGE_DIR / rel).read_text(), {n})
+    f = tree / "minillm" / rel
+    solved_others = f.read_text()
+    # keep the other parts' solved bodies: re-solve them on the stubbed file
+    f.write_text(stubbed)
+    for p in ASSIGNMENTS[n].parts:
+        if p.path == rel and p.qualname != qualname:
+            _solve(tree, rel, p.qualname)
+    _set_body(tree, rel, qualname, body)
+    assert f.read_text() != solved_others
