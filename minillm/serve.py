@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import json
 import socket
 import threading
@@ -55,7 +56,7 @@ from .tokenizer import ByteTokenizer
 # -- the engine loop -----------------------------------------------------------------------------------------
 class EngineLoop:
     """Steps ``llm.engine`` in one thread while it has work; hands each tracked request's progress to the
-    asyncio queue of the handler that added it: ("tokens", request id, text so far) after a step that gave it
+    asyncio queue of the handler that added it: ("tokens", request id, its new token ids) after a step that gave it
     tokens, ("done", request id, RequestOutput) once it has finished (the engine then forgets it)."""
 
     def __init__(self, llm: LLM | LLMEngine):
@@ -135,8 +136,9 @@ class EngineLoop:
                     del self.trackers[rid]
                     self._send(aloop, q, ("done", rid, eng.output(rid)))
                 elif len(seq.output) > sent[0]:
+                    new = seq.output[sent[0]:]
                     sent[0] = len(seq.output)
-                    self._send(aloop, q, ("tokens", rid, eng.text(seq)))
+                    self._send(aloop, q, ("tokens", rid, new))
 
 
 # -- requests ------------------------------------------------------------------------------------------------
@@ -218,7 +220,8 @@ class _App:
         self.loop = EngineLoop(llm).start()
         self.engine = self.loop.engine
         if self.engine.tokenizer is None:
-            raise ValueError("the server needs an engine with a tokenizer (LLMEngine(..., tokenizer=ByteTokenizer()))")
+            raise ValueError("the server needs an engine with a byte-level tokenizer (encode, decode, decode_bytes): "
+                             "LLMEngine(..., tokenizer=ByteTokenizer())")
         self.tok = self.engine.tokenizer
         self.max_model_len = self.engine.scheduler.max_model_len
 
@@ -391,6 +394,10 @@ class _App:
         from .serving.outputs import TextDeltas
         index_of = {rid: index for index, rid, _ in added}
         deltas = {rid: TextDeltas(params.stop) for _, rid, _ in added}
+        # the text so far, decoded incrementally (each step's new bytes only; a character cut between steps
+        # waits for its last byte): the same text as the tokenizer's decode of all ids, at O(new) per step
+        decoders = {rid: codecs.getincrementaldecoder("utf-8")("replace") for _, rid, _ in added}
+        texts = {rid: "" for _, rid, _ in added}
         usage = bool((body.stream_options or {}).get("include_usage"))
 
         def sse(obj) -> str:
@@ -410,7 +417,8 @@ class _App:
                         yield sse({"error": {"message": msg, "type": "InternalServerError", "code": 500}})
                         return
                     if what == "tokens":
-                        piece = deltas[rid].push(item, False)
+                        texts[rid] += decoders[rid].decode(self.tok.decode_bytes(item))
+                        piece = deltas[rid].push(texts[rid], False)
                         if piece:
                             yield sse(chunk(index_of[rid], piece, None))
                         continue

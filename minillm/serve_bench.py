@@ -202,7 +202,8 @@ def sweep(url: str, rates, num_prompts: int = 32, input_len: int = 64, output_le
     return out
 
 
-def _table(rows: list[dict]) -> str:
+def format_table(rows: list[dict]) -> str:
+    """The summaries of :func:`sweep` as a text table (latencies in ms)."""
     head = f"{'rate':>6} {'done':>5} {'req/s':>7} {'tok/s':>8} {'good/s':>7} {'TTFT p50':>9} {'p99':>8} " \
            f"{'TPOT p50':>9} {'p99':>8} {'ITL p99':>8} {'E2E p50':>8}"
     lines = [head]
@@ -235,7 +236,7 @@ def main(argv=None) -> list[dict]:
     rows = sweep(a.url, [float(r) for r in a.rates.split(",")], a.num_prompts, a.input_len, a.output_len, a.model,
                  a.seed, ms(a.slo_ttft_ms), ms(a.slo_tpot_ms), ms(a.slo_e2e_ms), a.max_concurrency,
                  keep_requests=a.out is not None, warmup=a.warmup)
-    print(_table(rows))
+    print(format_table(rows))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=1, default=str)
