@@ -136,7 +136,7 @@ def test_leaking_the_grader_source_is_rejected_and_sanitized(tmp_path):
     _zero(grade(tree, 5), "open")
     secrets = [normalize(s) for s in (TESTS_DIR / "a05_grader.py").read_text().splitlines() if len(normalize(s)) >= 8]
     source = (TESTS_DIR / "a05_grader.py").read_text()
-    assert sanitize(source, secrets) == ""
+    assert all(len(normalize(line)) < 8 for line in sanitize(source, secrets, max_lines=1000).splitlines())
     assert sanitize("Mismatched elements: 3 / 12 (25%)\nassert m[1] == -inf", secrets) == \
         "Mismatched elements: 3 / 12 (25%)"
 
@@ -248,7 +248,7 @@ def no_policy_module(monkeypatch):
 def test_total_time_cap_bounds_a_hanging_submission(tmp_path):
     tree = _tree(tmp_path, 3)
     _set_body(tree, "sizing.py", "gqa_kv_bytes", "while True:\n    try:\n        pass\n    except:\n        pass")
-    report = grade(tree, 3, timeout=1.0, total_timeout=8.0)
+    report = grade(tree, 3, timeout=1.0, total_timeout=4.0)
     assert report["seconds"] < 60
     hung = [t for t in report["tests"] if t["outcome"] == "timeout"]
     assert hung and report["score"] < report["max_score"]
@@ -279,7 +279,9 @@ def test_student_report_holds_no_grader_source(tmp_path):
     assert any(t["your_code"] and t["your_code"][0].startswith("minillm/hardware.py:") for t in hidden)
     inst = json.loads((tmp_path / "out" / "assignment-04.json").read_text())
     assert any("a04_grader.py" in t["details"] for t in inst["tests"] if t["outcome"] == "failed")
-    assert 0 < report["score"] < report["max_score"]
+    assert report["score"] < report["max_score"] and not view["core_passed"]
+    gated = [t for t in view["tests"] if t["outcome"] == "passed" and not t["core"]]
+    assert gated and all(t["earned"] == 0 and "core" in t["message"] for t in gated)
 
 
 def test_a_zip_with_a_file_outside_the_assignment_is_refused(tmp_path):

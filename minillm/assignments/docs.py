@@ -34,6 +34,11 @@ def _section(a: Assignment) -> str:
     if stretch:
         lines += ["", "Stretch (bonus points, outside the maximum): "
                   + ", ".join(f"`{p.module}.{p.qualname}`" for p in stretch) + "."]
+    if a.builds_on:
+        lines += ["", "Builds on assignment(s) " + ", ".join(str(n) for n in a.builds_on)
+                  + ": their reference solutions stay in its tree and in its grading."]
+    if a.forbid:
+        lines += ["", "Its bodies may not use " + ", ".join(f"`{n}`" for n in a.forbid) + "."]
     lines += ["", f"Public tests (`{a.public_tests}`): " + ", ".join(f"`{n}`" for n in public_names) + ".", "",
               f"Grader-only tests (`{a.grader_tests}`): {grader_doc}", "",
               f"Done: {a.done}", "",

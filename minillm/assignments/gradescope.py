@@ -28,7 +28,7 @@ set -euo pipefail
 apt-get update -q && apt-get install -y -q --no-install-recommends python3 python3-pip python3-venv
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install -q numpy=={numpy} pytest=={pytest}
-{torch}
+{torch_install}
 """
 TORCH = ("/autograder/venv/bin/pip install -q --index-url https://download.pytorch.org/whl/cpu torch=={torch}\n"
          "/autograder/venv/bin/pip install -q triton=={triton}")
@@ -51,7 +51,7 @@ def export(out_zip, number, timeout: float = 60.0) -> Path:
         shutil.copytree(PACKAGE_DIR, src / "minillm",
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "weights", "results"))
         torch = TORCH.format(**PINS) if a.needs_triton else "# this assignment runs no Triton kernel: no torch"
-        (src / "setup.sh").write_text(SETUP.format(torch=torch, **PINS))
+        (src / "setup.sh").write_text(SETUP.format(torch_install=torch, **PINS))
         (src / "run_autograder").write_text(RUN.format(n=a.number, timeout=timeout))
         with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
             for f in sorted(src.rglob("*")):
