@@ -98,7 +98,12 @@ def test_forged_results_from_inside_a_body_are_rejected(tmp_path):
                        ("np.testing.assert_allclose = print\nreturn a", ".testing"),
                        ("alias = np\nalias.exp = print\nreturn a", "changes 'alias'"),
                        ("Partial.finalize = lambda self: 0\nreturn a", "changes 'Partial'"),
-                       ("global safe_softmax\nsafe_softmax = print\nreturn a", "global statement")):
+                       ("global safe_softmax\nsafe_softmax = print\nreturn a", "global statement"),
+                       ("import operator\ng = operator.attrgetter('gi_frame')\nreturn a", "import operator"),
+                       ("t = '{0.gi_frame.f_back.f_globals}'.format(x for x in [])\nreturn a", "the string"),
+                       ("import numpy.f2py\nreturn a", "import numpy.f2py"),
+                       ("c = np._core\nreturn a", "._core"),
+                       ("import typing\nreturn a", "import typing")):
         f.write_text(handed_out)
         _set_body(tree, "softmax.py", "merge", code)
         problems = check_submission(tree, 5)

@@ -201,10 +201,11 @@ RULES = """\
   puts them into its own copy of the package. A change anywhere else in a handed-in file (an import at the
   top, a helper function, an edited docstring) rejects the whole submission with a score of 0, so put
   imports and helpers inside the body (a nested function is fine).
-- Graded code may import only math, numpy, torch, triton, collections, itertools, functools, heapq, bisect,
-  dataclasses, typing, operator, time, random and minillm, and may not touch files, processes, the
-  interpreter (sys, os, open, eval, exec, getattr/setattr, dunder attributes, ...) or assign into modules,
-  classes or globals. `python -m minillm.assignments check . -a N` tells you whether your files pass.
+- Graded code may import only math, numpy, torch, triton (and triton.language), collections, itertools,
+  functools, heapq, bisect, dataclasses, time, random and minillm, and may not touch files, processes, the
+  interpreter (sys, os, open, eval, exec, getattr/setattr, dunder attributes, private names of modules, ...)
+  or assign into modules, classes or globals. With the book's minillm package installed, run from outside this folder,
+  `python -m minillm.assignments check PATH/TO/THIS/FOLDER -a N` tells you whether the grader accepts your files.
 - The tests compare your results with references in `tests/oracles.py`, not with the files you hand in."""
 
 
@@ -237,9 +238,8 @@ def handout(a: Assignment) -> str:
              "## How to run the tests", "",
              "From the folder that holds this tree (no GPU needed: Triton kernels run in the interpreter):", "",
              "```bash",
-             f"python -m minillm.assignments test . -a {a.number}    # the public tests, with a time limit",
-             f"PYTHONPATH=$PWD python -m pytest -q tests/{a.public_tests}   # the same, without one",
-             f"python handin.py {a.number}                            # the public tests, then the zip to hand in",
+             f"PYTHONPATH=$PWD python -m pytest -q tests/{a.public_tests}   # the public tests",
+             f"python handin.py {a.number}           # the public tests (600 s at most), then the zip to hand in",
              "```", "",
              ("The grader runs these public tests and more that you do not see (edge cases, bad inputs, "
               "property tests, checks that your code has the algorithm's shape), each with a time limit and "

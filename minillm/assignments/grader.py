@@ -462,6 +462,8 @@ def _report(a: Assignment, src, meta, results, errors, rejected, t0) -> dict:
                 "points": t["points"], "earned": 0.0, "outcome": r["outcome"], "message": r.get("message", ""),
                 "details": r.get("details", ""), "doc": t.get("doc", ""), "frames": r.get("frames") or [],
                 "exc": r.get("exc"), "duration": round(float(r.get("duration", 0.0)), 3)}
+        if test["outcome"] == "failed" and test["message"].strip() in ("", "AssertionError", "AssertionError:"):
+            test["message"] = "AssertionError: the result is wrong" + (f" ({test['doc']})" if test["doc"] else "")
         test["student_message"] = _student_message(test, r, kind, secrets)
         tests.append(test)
     core = [t for t in tests if t["core"] and not t["stretch"]]
@@ -551,7 +553,8 @@ def summary(report: dict, student: bool = False) -> str:
     for t in report["tests"]:
         tag = "bonus " if t["stretch"] else ("core " if t["core"] else "")
         msg = t["student_message"] if student else t["message"]
-        msg = f"  -- {msg.splitlines()[0][:120]}" if t["outcome"] != "passed" and msg else ""
+        gated = t["outcome"] == "passed" and t["earned"] == 0 and t["points"] > 0
+        msg = f"  -- {msg.splitlines()[0][:120]}" if (t["outcome"] != "passed" or gated) and msg else ""
         lines.append(f"  {t['outcome']:8s} {t['earned']:g}/{t['points']:g} {tag}{t['id']}{msg}")
     if not student:
         for e in report["errors"]:

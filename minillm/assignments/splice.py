@@ -17,13 +17,14 @@ grader then scores it 0 without running it.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from .markers import BEGIN, END, Region, find_regions
 
-# Modules a body may import (the first dotted name); relative imports stay inside the package.
-ALLOWED_IMPORTS = frozenset({"math", "numpy", "torch", "triton", "collections", "itertools", "functools", "heapq",
-                             "bisect", "dataclasses", "typing", "operator", "minillm", "time", "random"})
+# Modules a body may import (exactly these, or any module of the package); relative imports stay inside it.
+ALLOWED_IMPORTS = frozenset({"math", "numpy", "torch", "triton", "triton.language", "collections", "itertools",
+                             "functools", "heapq", "bisect", "dataclasses", "time", "random", "minillm"})
 # Names a body may not mention at all (as a variable, a call or an argument).
 FORBIDDEN_NAMES = frozenset({
     "eval", "exec", "compile", "open", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
@@ -37,7 +38,11 @@ FORBIDDEN_ATTRS = frozenset({
     "f_globals", "f_locals", "f_code", "f_builtins", "gi_frame", "cr_frame", "ag_frame", "tb_frame", "tb_next",
     "co_code", "co_consts", "save", "savez", "savez_compressed", "savetxt", "tofile", "loadtxt",
     "fromfile", "genfromtxt", "memmap", "open", "write_text", "write_bytes", "read_text", "read_bytes",
-    "testing", "ctypes", "inspect", "gc", "importlib", "linecache", "lib", "DataSource", "setattr", "getattr"})
+    "testing", "ctypes", "inspect", "gc", "importlib", "linecache", "lib", "DataSource", "setattr", "getattr",
+    "fromregex", "from_file", "load_library", "hub", "cpp_extension", "utils", "f2py", "distutils", "ctypeslib",
+    "attrgetter", "methodcaller"})
+# Inside a string (a format string can reach attributes): dunders and frame attributes.
+FORBIDDEN_IN_STRINGS = re.compile(r"__\w+__|\bf_(back|globals|locals|code|builtins)\b|\b(gi|cr|ag|tb)_frame\b|\btb_next\b")
 
 
 class Rejected(Exception):
@@ -214,10 +219,10 @@ def policy_violations(func: ast.FunctionDef, names=frozenset(), forbid=frozenset
             bad.append(f"line {line}: a global statement")
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.split(".")[0] not in ALLOWED_IMPORTS:
+                if not _allowed_module(a.name):
                     bad.append(f"line {line}: import {a.name}")
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and (node.module or "").split(".")[0] not in ALLOWED_IMPORTS:
+            if node.level == 0 and not _allowed_module(node.module or ""):
                 bad.append(f"line {line}: from {node.module} import ...")
             for a in node.names:
                 if a.name == "*" or a.name in FORBIDDEN_NAMES:
@@ -234,13 +239,24 @@ def policy_violations(func: ast.FunctionDef, names=frozenset(), forbid=frozenset
         elif isinstance(node, ast.Attribute) and (node.attr in FORBIDDEN_ATTRS
                                                    or (node.attr.startswith("__") and node.attr.endswith("__"))):
             bad.append(f"line {line}: .{node.attr}")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not _owned(node, local, aliases):
+            bad.append(f"line {line}: .{node.attr} (a private name of a module, a class or a global)")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             for t in (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]):
                 store_target(t)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("__") \
-                and node.value.endswith("__"):
-            bad.append(f"line {line}: the string {node.value!r}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                FORBIDDEN_IN_STRINGS.search(node.value) or node.value in FORBIDDEN_ATTRS | FORBIDDEN_NAMES):
+            bad.append(f"line {line}: the string {node.value[:40]!r}")
     return sorted(set(bad), key=lambda s: (int(s.split(":")[0].split()[-1]), s))
+
+
+def _allowed_module(name: str) -> bool:
+    return name in ALLOWED_IMPORTS or name == "minillm" or name.startswith("minillm.")
+
+
+def _owned(node, local, aliases) -> bool:
+    root = _root(node)
+    return isinstance(root, ast.Name) and root.id in local and root.id not in aliases
 
 
 def _root(node):

@@ -1,9 +1,9 @@
 """Submissions: ``pack`` zips the files a student wrote for one assignment, ``unpack`` rebuilds a gradable tree.
 
 A submission holds only the source files that contain the assignment's graded parts (``minillm/<path>``),
-plus ``submission.json`` (assignment number, files, SHA-256 of each). The grader never trusts the rest of a
-student's tree: ``unpack`` builds a fresh student tree for that assignment from the installed package and
-copies the submitted files over it, so every other module is the reference.
+plus ``submission.json`` (assignment number, files, SHA-256 of each). The grader reads only those files, and
+from them only the bodies of the assignment's marked regions (``grader.read_submission`` and ``splice``);
+``unpack`` rebuilds a student tree with the submitted files in it (to look at a submission by hand).
 """
 from __future__ import annotations
 
