@@ -33,20 +33,6 @@ m = xa.max(axis=-1)
 safe = np.where(np.isfinite(m), m, 0.0)
 return m, exp(xa - safe[..., None]).sum(axis=-1)
 """),
-    "online softmax without the rescale": (5, "softmax.py", "online_max_and_normalizer", """
-x = _as_float(x)
-if int(tile) < 1:
-    raise ValueError("tile must be >= 1")
-acc = np.result_type(x.dtype, np.float32)
-m = np.full(x.shape[:-1], -np.inf, acc)
-l = np.zeros(x.shape[:-1], acc)
-for start in range(0, x.shape[-1], tile):
-    block = x[..., start:start + tile].astype(acc)
-    m = np.maximum(m, block.max(axis=-1))
-    safe = np.where(np.isfinite(m), m, 0.0)
-    l = l + exp(block - safe[..., None]).sum(axis=-1)
-return m, l
-"""),
     "dense untiled FlashAttention": (6, "attention.py", "flash_attention", """
 B, Hq, Hkv, Nq, Nk, D = check_attention_inputs(q, k, v)
 if int(block_m) < 1 or int(block_n) < 1:
