@@ -9,6 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 VENDOR := _vendor/.stamp
 CHAPTERS := $(wildcard chapters/*.ipynb)
+APPENDIX := $(wildcard appendix/*.ipynb)
 
 .PHONY: book test unit notebooks wheel-test site-test execute clean dist install-test
 
@@ -37,12 +38,12 @@ unit: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
 notebooks: $(STAMP)
-	$(PY) -m pytest -q --nbval intro.ipynb chapters --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
+	$(PY) -m pytest -q --nbval intro.ipynb chapters appendix --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
 
 # Every chapter run from the installed wheel, in a folder outside the clone, under strict nbval with NumPy's
 # AVX-512/AVX2/FMA3/F16C paths switched off: the stored outputs checked on a second set of CPU features.
 wheel-test: $(STAMP)
-	$(PY) tools/run_from_wheel.py $(CHAPTERS)
+	$(PY) tools/run_from_wheel.py $(CHAPTERS) $(APPENDIX)
 
 site-test: book
 	$(PY) -m pytest -q -m site tests/test_site.py
@@ -51,7 +52,7 @@ test: unit notebooks wheel-test site-test install-test
 
 # Re-execute every chapter in place after changing code they import (outputs are committed).
 execute: $(STAMP)
-	$(PY) tools/execute_notebooks.py intro.ipynb $(CHAPTERS)
+	$(PY) tools/execute_notebooks.py intro.ipynb $(CHAPTERS) $(APPENDIX)
 
 # A wheel with the checkpoints and recorded results inside (for Colab or a bare GPU box): dist/*.whl.
 # Built by pip in a venv of its own (pip fetches setuptools into an isolated build environment), not in the

@@ -233,6 +233,3 @@ class TorchDecodeAdapter:
             logits = self.model(t, cache=cache, ops=ops)
         out = logits.float().cpu().numpy()
         return out[0] if squeeze else out
-
-
-TorchRunner = TorchDecodeAdapter   # its old name, kept for chapters 6 and 10 until they import the new one

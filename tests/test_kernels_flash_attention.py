@@ -352,10 +352,10 @@ def test_flash_attention_bfloat16_is_upcast_in_interpreter():
 def test_flash_attention_in_model_keeps_greedy_tokens(tiny_model):
     """The kernel plugs into the model's attn_fn; prefill and cached decoding give the same tokens."""
     from minillm.decode import cached_decode
-    from minillm.torch_model import TorchModel, TorchRunner
+    from minillm.torch_model import TorchDecodeAdapter, TorchModel
 
-    runner = TorchRunner(TorchModel.from_numpy(tiny_model.config, tiny_model.params, attn_fn=flash_attention),
-                         device=DEVICE)
+    runner = TorchDecodeAdapter(TorchModel.from_numpy(tiny_model.config, tiny_model.params, attn_fn=flash_attention),
+                                 device=DEVICE)
     prompt = list(b"def read_config(path):\n")
     assert cached_decode(runner, prompt, 24).tokens == cached_decode(tiny_model, prompt, 24).tokens
 

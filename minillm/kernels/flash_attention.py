@@ -43,7 +43,7 @@ from .common import causal_order as _causal_order
 from .common import key_range as _key_range
 from .common import load_tile as _load_tile
 from .common import normalize as _normalize
-from .flash_dispatch import DEFAULT, BwdPlan, FlashConfig, FwdPlan, bwd_plan, fwd_plan, fwd_tiles
+from .flash_dispatch import DEFAULT, BwdPlan, FlashConfig, FwdPlan, bwd_plan, fwd_plan
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -271,20 +271,3 @@ def flash_attention(q, k, v, causal: bool = False, scale: float | None = None, r
     if INTERPRETED and o.dtype != out_dtype:
         o = o.to(out_dtype)
     return (o, lse) if return_lse else o
-
-
-# Compatibility names for chapter 6 until it reads flash_dispatch (its cells import _blocks and read these
-# values; one cell sets HOST_DESC_SMALL_TILES_BELOW around a _blocks call). Nothing else reads them.
-HOST_DESC_MIN_N = DEFAULT.host_desc_min_n
-HOST_DESC_SMALL_TILES_BELOW = DEFAULT.host_desc_small_tiles_below
-CAUSAL_GROUP_PROGRAMS = DEFAULT.causal_group_programs
-SPLIT_MIN_N = DEFAULT.split_min_n
-RESUME_CONFIG = DEFAULT.resume_tiles
-SPLIT_PARTIAL_FP32 = DEFAULT.split_partial_fp32
-
-
-def _blocks(D: int, dtype, interpreted: bool = INTERPRETED, impl: str = "v1", causal: bool = False,
-            n: int = 4096) -> tuple[int, int, int, int]:
-    """flash_dispatch.fwd_tiles under the old name (chapter 6)."""
-    config = FlashConfig(host_desc_small_tiles_below=HOST_DESC_SMALL_TILES_BELOW)
-    return fwd_tiles(D, dtype, impl, causal, n, config, interpreted)
