@@ -54,7 +54,7 @@ def test_sizing_explorable_unknown_model_raises():
 
 
 def test_explorables_without_anywidget_print_instead(monkeypatch, capsys):
-    monkeypatch.setattr(explorables, "_anywidget", lambda: None)
+    monkeypatch.setattr(explorables._base, "_anywidget", lambda: None)
     assert explorables.online_softmax_explorable([1.0, 3.0, 2.0], 2) is None
     assert explorables.paged_allocator_explorable(12, 4, SCRIPT) is None
     assert explorables.sizing_explorable("Llama 3.1 8B", context=8_000, gpu="H100 SXM", n_gpus=1) is None
