@@ -1,6 +1,6 @@
 """The reader's path (issue 34): what a chapter shows on the website is for the reader.
 
-For each chapter in READER_PATH_CHAPTERS (the lead adds chapters as they are converted):
+For every chapter:
 
 * no ``# NBVAL_IGNORE_OUTPUT`` comment in a cell: the cell tag ``nbval-ignore-output`` does the same job and
   does not show;
@@ -25,12 +25,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-READER_PATH_CHAPTERS = [
-    "chapters/01_naive_decode.ipynb",
-    "chapters/02_kv_cache.ipynb",
-    "chapters/03_memory_tax.ipynb",
-    "chapters/05_online_softmax.ipynb",
-]
+READER_PATH_CHAPTERS = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "chapters").glob("*.ipynb"))
 
 HIDDEN_CELL = {"remove-cell"}
 HIDDEN_INPUT = {"remove-cell", "remove-input"}
