@@ -204,3 +204,44 @@ def test_render_named_verdict_no_chapter_prints_is_marked_not_found(tmp_path):
 def test_notebook_title_missing_raises():
     with pytest.raises(ValueError, match="no '# ' title"):
         claims_ledger.notebook_title({"cells": [{"cell_type": "markdown", "source": ["text"]}]})
+
+
+def _stale_source_page(path: Path) -> str:
+    """A copy of source.md whose generated claim table is stale (one row removed); returns the current text."""
+    from minillm.claims import BEGIN, END, render_source_page
+
+    current = render_source_page((ROOT / "source.md").read_text())
+    head, rest = current.split(BEGIN)
+    table, tail = rest.split(END)
+    stale_table = "\n".join(line for line in table.splitlines() if not line.startswith("| 1.1 |"))
+    path.write_text(f"{head}{BEGIN}{stale_table}\n{END}{tail}")
+    assert path.read_text() != current
+    return current
+
+
+def test_ledger_tool_also_regenerates_the_source_pages_claim_table(tmp_path, monkeypatch, capsys):
+    """One command after an inventory change: tools/claims_ledger.py rewrites source.md's generated table too
+    (before, only `python -m minillm.claims source.md` did, and the ledger tool left source.md stale)."""
+    source = tmp_path / "source.md"
+    current = _stale_source_page(source)
+    monkeypatch.setattr(claims_ledger, "LEDGER", tmp_path / "claims_ledger.md")
+    monkeypatch.setattr(claims_ledger, "SOURCE_PAGE", source, raising=False)
+    assert claims_ledger.main([]) == 0
+    assert source.read_text() == current
+    assert (tmp_path / "claims_ledger.md").read_text() == claims_ledger.render(
+        claims_ledger.collect(), claims_ledger.load_inventory())
+    capsys.readouterr()
+    assert claims_ledger.main(["--check"]) == 0
+
+
+def test_ledger_tool_check_flags_a_stale_source_page(tmp_path, monkeypatch, capsys):
+    source = tmp_path / "source.md"
+    _stale_source_page(source)
+    ledger = tmp_path / "claims_ledger.md"
+    ledger.write_text(claims_ledger.render(claims_ledger.collect(), claims_ledger.load_inventory()))
+    monkeypatch.setattr(claims_ledger, "LEDGER", ledger)
+    monkeypatch.setattr(claims_ledger, "SOURCE_PAGE", source, raising=False)
+    assert claims_ledger.main(["--check"]) == 1
+    assert "source.md is out of date" in capsys.readouterr().out
+    before = source.read_text()
+    assert claims_ledger.main(["--check"]) == 1 and source.read_text() == before  # --check writes nothing

@@ -9,8 +9,13 @@ claim as checked, computed value, verdict), one of the claims not yet checked (s
 any, one of the verdict lines the inventory does not name. Nothing is typed in; tests/test_claims_ledger.py
 fails when the committed page and the notebooks disagree, or the inventory and the verdict lines do.
 
-    python tools/claims_ledger.py            # rewrite claims_ledger.md
-    python tools/claims_ledger.py --check    # exit 1 if claims_ledger.md is out of date
+    python tools/claims_ledger.py            # rewrite claims_ledger.md and source.md's generated claim table
+    python tools/claims_ledger.py --check    # exit 1 if either is out of date
+
+source.md's claim table (per section of the page, each claim in the book's words and the chapters that check
+it) is generated from the same inventory by ``minillm.claims``; this tool regenerates it too, so one command
+brings both pages up to date after an inventory change (``python -m minillm.claims source.md`` still works
+alone).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "claims_ledger.md"
+SOURCE_PAGE = ROOT / "source.md"
 INVENTORY = ROOT / "minillm" / "data" / "source_claims.json"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -232,15 +238,33 @@ def render(rows: list[Verdict], claims: list[dict]) -> str:
     return "\n".join(out)
 
 
+def source_page_text(path: Path | None = None) -> str:
+    """source.md with its generated claim table re-rendered from the inventory (``minillm.claims``)."""
+    from minillm.claims import render_source_page
+
+    return render_source_page((SOURCE_PAGE if path is None else path).read_text())
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str]) -> int:
-    text = render(collect(), load_inventory())
+    pages = {LEDGER: render(collect(), load_inventory()), SOURCE_PAGE: source_page_text(SOURCE_PAGE)}
     if "--check" in argv:
-        if not LEDGER.exists() or LEDGER.read_text() != text:
-            print(f"{LEDGER.name} is out of date: run python tools/claims_ledger.py")
-            return 1
-        return 0
-    LEDGER.write_text(text)
-    print(f"wrote {LEDGER.relative_to(ROOT)}")
+        stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
+        for p in stale:
+            print(f"{p.name} is out of date: run python tools/claims_ledger.py")
+        return 1 if stale else 0
+    for p, text in pages.items():
+        if not p.exists() or p.read_text() != text:
+            p.write_text(text)
+            print(f"wrote {_shown(p)}")
+        else:
+            print(f"{_shown(p)} is up to date")
     return 0
 
 
