@@ -147,3 +147,67 @@ def test_sizing_javascript_matches_sizing(node_results):
         cap = capacity(m, "H100 SXM", 32_000, weight_dtype="bf16", cache_dtype="fp8", n_gpus=2)
         assert (got["cap"]["per"], got["cap"]["fit"], got["cap"]["free"]) == (
             cap.kv_bytes_per_sequence, cap.max_sequences, cap.free_for_cache_bytes), m.name
+
+
+# -- chapter 6's tile schedule (minillm.explorables.tiles) ---------------------------------------------------
+from minillm.attention import TILE_SKIPPED, tile_plan  # noqa: E402
+from minillm.explorables import tiles as tile_explorable  # noqa: E402
+
+TILE_CASES = [(n, bm, bn, c) for n in (1, 100, 300, 1000, 1024) for bm, bn in ((16, 16), (64, 32), (128, 128), (32, 128))
+              for c in (False, True) if max(-(-n // bm), -(-n // bn)) <= tile_explorable.MAX_TILES_PER_SIDE]
+
+
+def test_tile_schedule_visits_the_kernels_tiles_in_launch_order():
+    s = tile_explorable.tile_schedule(1000, 128, 128, causal=True)
+    plan = tile_plan(1000, 1000, 128, 128, True)
+    assert s["order"] == list(range(7, -1, -1))  # the longest query tile is launched first
+    assert len(s["steps"]) == int((plan != TILE_SKIPPED).sum()) == 36
+    assert s["counts"] == {"full": 28, "masked": 8, "skipped": 28, "total": 64}
+    assert s["steps"][:8] == [[0, 7, j, "full"] for j in range(7)] + [[0, 7, 7, "masked"]]
+    # every visited tile is one the kernel computes, each once, and a program's key tiles go left to right
+    assert sorted((i, j) for _, i, j, _ in s["steps"]) == sorted(zip(*np.nonzero(plan != TILE_SKIPPED)))
+    plain = tile_explorable.tile_schedule(300, 64, 64, causal=False)
+    assert plain["order"] == [0, 1, 2, 3, 4] and plain["counts"]["masked"] == 5  # only the ragged last column
+
+
+@pytest.mark.parametrize("args", [(0, 64, 64, True), (100, 0, 64, True), (100, 64, 1.5, False),
+                                  (100, 64, 64, "yes"), (4096, 16, 16, True)])
+def test_tile_schedule_bad_input_raises(args):
+    with pytest.raises(ValueError):
+        tile_explorable.tile_schedule(*args)
+
+
+def test_tile_schedule_without_anywidget_prints_the_grid(monkeypatch, capsys):
+    monkeypatch.setattr(explorables._base, "_anywidget", lambda: None)
+    assert tile_explorable.tile_schedule_explorable(1000, 128, 128, True) is None
+    out = capsys.readouterr().out
+    assert "anywidget is not installed" in out and "36 of 64 tiles run (8 with a mask), 28 skipped" in out
+    assert "program  0, query tile  7: #######m" in out and "program  7, query tile  0: m......." in out
+
+
+def test_tile_schedule_widget_saves_its_starting_point():
+    pytest.importorskip("anywidget")
+    w = tile_explorable.tile_schedule_explorable(300, 64, 32, causal=False)
+    assert (w.n, w.block_m, w.block_n, w.causal) == (300, 64, 32, 0) and 300 in w.lengths and "export default" in w._esm
+    assert repr(w) == "<TileScheduleExplorable: an offline explorable>"
+
+
+TILES_DRIVER = """
+const mod = await import(process.argv[2]);
+const cases = JSON.parse(await new Promise((ok) => { let s = ""; process.stdin.on("data", (d) => (s += d)); process.stdin.on("end", () => ok(s)); }));
+console.log(JSON.stringify(cases.map(([n, bm, bn, c]) => mod.schedule(n, n, bm, bn, c))));
+"""
+
+
+def test_tile_schedule_javascript_matches_python(tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed (make book installs it for npm)")
+    (tmp_path / "tiles.mjs").write_text(tile_explorable._TILES_JS)
+    (tmp_path / "driver.mjs").write_text(TILES_DRIVER)
+    res = subprocess.run([node, str(tmp_path / "driver.mjs"), (tmp_path / "tiles.mjs").as_uri()],
+                         input=json.dumps(TILE_CASES), capture_output=True, text=True, check=True, timeout=60)
+    got = json.loads(res.stdout)
+    assert len(got) == len(TILE_CASES) > 20
+    for case, js in zip(TILE_CASES, got):
+        assert js == tile_explorable.tile_schedule(*case), case
