@@ -211,3 +211,144 @@ def test_tile_schedule_javascript_matches_python(tmp_path):
     assert len(got) == len(TILE_CASES) > 20
     for case, js in zip(TILE_CASES, got):
         assert js == tile_explorable.tile_schedule(*case), case
+
+
+# -- chapter 9's cost model (minillm.explorables.speculation) ------------------------------------------------
+from minillm.explorables import frontier as frontier_explorable  # noqa: E402
+from minillm.explorables import speculation as spec_explorable  # noqa: E402
+from minillm.diagrams.serving import step_cost  # noqa: E402
+from minillm.studies.composition import BatchSweep  # noqa: E402
+from minillm.studies.speculation import expected_tokens_per_call, speedup_model  # noqa: E402
+
+SPEC_CASES = [(a, k, c) for a in (0.0, 0.3, 0.6, 0.71, 0.8, 0.95, 0.99, 1.0) for k in (1, 2, 4, 8, 16)
+              for c in (0.0, 0.05, 0.43, 1.0)]
+
+
+def test_speculation_cost_is_the_chapters_formula():
+    s = spec_explorable.speculation_cost(0.7, 4, 0.1)
+    assert s["tokens_per_call"] == pytest.approx(1 + 0.7 + 0.7 ** 2 + 0.7 ** 3 + 0.7 ** 4, rel=1e-12)
+    assert s["round_cost"] == pytest.approx(1.4) and s["speedup"] == pytest.approx(s["tokens_per_call"] / 1.4)
+    assert spec_explorable.speculation_cost(1.0, 8, 0.0)["tokens_per_call"] == 9  # every draft kept + the bonus
+    assert spec_explorable.best_k(0.7, 0.0) == spec_explorable.K_MAX  # free drafts: longer is always better
+    assert spec_explorable.best_k(0.7, 0.43) == 1  # the draft model's cost on the H200 (chapter 9)
+    assert spec_explorable.best_k(0.9, 0.05) == max(range(1, 17), key=lambda k: speedup_model(0.9, k, 0.05))
+
+
+@pytest.mark.parametrize("args", [(1.2, 4, 0.1), (-0.1, 4, 0.1), (0.7, 0, 0.1), (0.7, 17, 0.1), (0.7, 2.5, 0.1),
+                                  (0.7, 4, -1), (0.7, 4, 1.5), (float("nan"), 4, 0.1), (True, 4, 0.1)])
+def test_speculation_cost_bad_input_raises(args):
+    with pytest.raises(ValueError):
+        spec_explorable.speculation_cost(*args)
+
+
+def test_speculation_explorable_presets_and_fallback(monkeypatch, capsys):
+    with pytest.raises(ValueError, match="preset"):
+        spec_explorable.speculation_explorable(presets=[{"name": "x", "alpha": 0.5}])
+    monkeypatch.setattr(explorables._base, "_anywidget", lambda: None)
+    assert spec_explorable.speculation_explorable(0.7, 4, 0.1, presets=[{"name": "free drafts", "alpha": 0.7, "c": 0}]) is None
+    out = capsys.readouterr().out
+    assert "anywidget is not installed" in out
+    assert "this setting: alpha 0.70, c 0.10: k=1 1.55x" in out and "free drafts: alpha 0.70, c 0.00" in out
+    assert f"best k = 16 ({speedup_model(0.7, 16, 0):.2f}x)" in out
+
+
+def test_speculation_widget_saves_its_setting():
+    pytest.importorskip("anywidget")
+    w = spec_explorable.speculation_explorable(0.71, 8, 0.43, presets=[{"name": "draft model", "alpha": 0.71, "c": 0.43}])
+    assert (w.alpha, w.k, w.c, w.k_max) == (0.71, 8, 0.43, 16) and w.presets[0]["name"] == "draft model"
+    assert "export default" in w._esm and repr(w) == "<SpeculationExplorable: an offline explorable>"
+
+
+# -- chapter 10's frontier (minillm.explorables.frontier) ----------------------------------------------------
+def test_frontier_points_follow_the_step_cost_model():
+    cost = step_cost("Llama 3.1 8B", "H200")
+    pts = frontier_explorable.frontier_points(cost, 2048)
+    assert [p["batch"] for p in pts] == frontier_explorable.BATCHES
+    for p in pts:
+        assert p["step_s"] == cost.seconds_for([1] * p["batch"], [2049] * p["batch"])
+        assert p["tok_per_s"] == pytest.approx(p["batch"] * p["per_request_tok_per_s"])
+    tps, per = [p["tok_per_s"] for p in pts], [p["per_request_tok_per_s"] for p in pts]
+    assert all(np.diff(tps) > 0) and all(np.diff(per) < 0)  # more requests: more throughput, slower each
+    short = frontier_explorable.frontier_points(cost, 0)  # no context to read: the weights' ridge binds
+    assert short[0]["bound"] == "memory" and short[-1]["bound"] == "compute"
+
+
+@pytest.mark.parametrize("kw", [dict(model="GPT-5"), dict(gpu="T4"), dict(batch=3), dict(model="DeepSeek V3 671B")])
+def test_frontier_explorable_bad_input_raises(kw):
+    with pytest.raises(ValueError):
+        frontier_explorable.frontier_explorable(**kw)
+
+
+def test_frontier_explorable_without_anywidget_prints_the_table(monkeypatch, capsys):
+    monkeypatch.setattr(explorables._base, "_anywidget", lambda: None)
+    sweep = BatchSweep([1, 2], [300.0, 550.0], [300.0, 275.0])
+    assert frontier_explorable.frontier_explorable(measured=sweep, measured_label="a sweep") is None
+    out = capsys.readouterr().out
+    assert "anywidget is not installed" in out and out.count(" at once: step ") == len(frontier_explorable.BATCHES)
+    assert "a sweep: 1: 300 / 300 tok/s, 2: 550 / 275 tok/s" in out
+
+
+def test_frontier_widget_saves_the_configs_and_the_sweep():
+    pytest.importorskip("anywidget")
+    sweep = BatchSweep([1, 2], [300.0, 550.0], [300.0, 275.0])
+    w = frontier_explorable.frontier_explorable(measured=sweep, measured_label="a sweep")
+    assert w.configs["Llama 3.1 8B"]["H200"] == frontier_explorable.step_cost_fields(step_cost("Llama 3.1 8B", "H200"))
+    assert "T4" not in w.configs["Llama 3.1 8B"] and "DeepSeek V3 671B" not in w.configs
+    assert w.measured == {"label": "a sweep", "batch": [1, 2], "tok_per_s": [300.0, 550.0],
+                          "per_request_tok_per_s": [300.0, 275.0]}
+    assert frontier_explorable.frontier_explorable().measured == {}
+    assert repr(w) == "<FrontierExplorable: an offline explorable>"
+
+
+# -- their JavaScript in Node, against the Python --------------------------------------------------------------
+SPEC_FRONTIER_DRIVER = """
+const [spec, fr] = await Promise.all(process.argv.slice(2).map((p) => import(p)));
+const inp = JSON.parse(await new Promise((ok) => { let s = ""; process.stdin.on("data", (d) => (s += d)); process.stdin.on("end", () => ok(s)); }));
+const cost = inp.spec.map(([a, k, c]) => [spec.tokensPerCall(a, k), spec.speedup(a, k, c), spec.bestK(a, c, 16)]);
+const frontier = inp.frontier.map(([m, ctx]) => inp.batches.map((b) => fr.point(m, b, ctx)));
+const ridge = inp.frontier.map(([m, ctx]) => fr.ridgeBatch(m, ctx, 1024));
+console.log(JSON.stringify({ cost, frontier, ridge }));
+"""
+
+
+@pytest.fixture(scope="module")
+def spec_frontier_node(tmp_path_factory):
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("Node.js is not installed (make book installs it for npm)")
+    folder = tmp_path_factory.mktemp("esm_spec")
+    (folder / "spec.mjs").write_text(spec_explorable._SPEC_JS)
+    (folder / "frontier.mjs").write_text(frontier_explorable._FRONTIER_JS)
+    (folder / "driver.mjs").write_text(SPEC_FRONTIER_DRIVER)
+    costs = [(m, g, ctx, frontier_explorable.step_cost_fields(step_cost(m, g)))
+             for m in ("Llama 3.1 8B", "Llama 3.1 70B", "Mistral 7B v0.1") for g in ("H100 SXM", "H200", "A100 40GB")
+             for ctx in (0, 512, 2048)]
+    inp = {"spec": SPEC_CASES, "frontier": [[f, ctx] for _, _, ctx, f in costs], "batches": frontier_explorable.BATCHES}
+    res = subprocess.run([node, str(folder / "driver.mjs"), (folder / "spec.mjs").as_uri(),
+                          (folder / "frontier.mjs").as_uri()], input=json.dumps(inp), capture_output=True, text=True,
+                         check=True, timeout=60)
+    return costs, json.loads(res.stdout)
+
+
+def test_speculation_javascript_matches_python(spec_frontier_node):
+    _, res = spec_frontier_node
+    assert len(res["cost"]) == len(SPEC_CASES)
+    for (a, k, c), (tpc, s, kb) in zip(SPEC_CASES, res["cost"]):
+        assert tpc == pytest.approx(expected_tokens_per_call(a, k), rel=1e-12), (a, k)
+        assert s == pytest.approx(spec_explorable.speculation_cost(a, k, c)["speedup"], rel=1e-12), (a, k, c)
+        assert kb == spec_explorable.best_k(a, c), (a, c)
+
+
+def test_frontier_javascript_matches_python(spec_frontier_node):
+    costs, res = spec_frontier_node
+    bounds = set()
+    for (m, g, ctx, _), js, ridge in zip(costs, res["frontier"], res["ridge"]):
+        py = frontier_explorable.frontier_points(step_cost(m, g), ctx)
+        for p, q in zip(py, js):
+            assert q["batch"] == p["batch"] and q["bound"] == p["bound"], (m, g, ctx, p["batch"])
+            for key in ("step_s", "tok_per_s", "per_request_tok_per_s"):
+                assert q[key] == pytest.approx(p[key], rel=1e-12), (m, g, ctx, key)
+            bounds.add(p["bound"])
+        cb = [b for b in range(1, 1025) if frontier_explorable.frontier_points(step_cost(m, g), ctx, [b])[0]["bound"] == "compute"]
+        assert ridge == (cb[0] if cb else None), (m, g, ctx)
+    assert bounds == {"memory", "compute"}  # the cases cross the ridge
