@@ -151,8 +151,8 @@ function render({ model, el }) {
         `(keys ${j * bn}-${Math.min(nq, (j + 1) * bn) - 1}): ` + (kind === "full" ? "computed, no mask." : "computed with a mask.") +
         (done === s.steps.length ? ` All ${s.steps.length} tiles done.` : ` Step ${done} of ${s.steps.length}.`);
     }
-    note.textContent = `${c.full + c.masked} of ${c.total} tiles run (${c.masked} of them with a mask); ` +
-      `${c.skipped} skipped (never loaded). Launch order of the query tiles: ${s.order.join(", ")}. ` +
+    note.textContent = `Rows: query tiles (one program each); columns: key tiles. ${c.full + c.masked} of ${c.total} tiles run (${c.masked} of them with a mask); ` +
+      `${c.skipped} skipped (never loaded). Launch order of the query tiles: ${s.order.length > 10 ? s.order.slice(0, 8).join(", ") + ", ..., " + s.order[s.order.length - 1] : s.order.join(", ")}. ` +
       "Blue: no mask; orange: masked; white: skipped; faded: not reached yet.";
   }
   function rebuild() {
@@ -167,9 +167,7 @@ function render({ model, el }) {
   const go = (k) => { if (s) { done = Math.max(0, Math.min(s.steps.length, k)); draw(); } };
   const nextProgram = () => {
     if (!s || done >= s.steps.length) return;
-    const prog = done > 0 ? s.steps[done - 1][0] : -1;
-    let k = done;
-    while (k < s.steps.length && s.steps[k][0] <= prog) k++;
+    let k = done;  // the next step's program, to its last tile
     while (k < s.steps.length - 1 && s.steps[k + 1][0] === s.steps[k][0]) k++;
     go(k + 1);
   };
