@@ -227,3 +227,15 @@ def test_one_palette():
         color("purple")
     with pytest.raises(AttributeError):
         diagrams.no_such_diagram
+
+
+def test_hopper_overlap_exp_rate_is_derived_and_agrees_with_flashattention3():
+    """The H100's exp throughput is computed from the registry's bf16 peak (16 exp2 per clock per SM against 4096
+    tensor-core FLOP), and agrees with FlashAttention-3 section 3.1's rounded '3.9 TFLOPS of special functions'."""
+    from minillm.book import agrees
+    from minillm.diagrams import flash
+    from minillm.hardware import GPUS
+
+    assert flash.H100_EXP_PER_S == GPUS["H100 SXM"].bf16_flops * 16 / 4096
+    assert agrees(3.9e12, flash.H100_EXP_PER_S)
+    assert agrees(989e12, GPUS["H100 SXM"].bf16_flops)  # the paper's matmul figure, same registry entry
