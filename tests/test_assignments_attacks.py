@@ -302,3 +302,24 @@ def test_a_zip_with_a_file_outside_the_assignment_is_refused(tmp_path):
         dst.writestr("../../outside.py", "x = 1\n")
     with pytest.raises(AssignmentError, match="unexpected files"):
         grade(bad, 9)
+
+
+def test_a_submission_past_the_memory_limit_fails_with_a_clear_reason(tmp_path):
+    """A body that allocates 16 GB: under the grader's memory limit its tests fail with "ran past the memory
+    limit", the other parts' tests still run and pass, and the grader itself is unharmed."""
+    tree = _tree(tmp_path, 3)
+    for q in ("gqa_kv_bytes", "mla_kv_bytes"):
+        _solve(tree, "sizing.py", q)
+    for q in ("quantize_fp8", "dequantize_fp8", "dequantize_int8"):
+        _solve(tree, "quant.py", q)
+    r = next(r for r in all_regions() if (r.path, r.qualname) == ("quant.py", "quantize_int8"))
+    body = (PACKAGE_DIR / "quant.py").read_text().splitlines()[r.begin + 1:r.end]
+    _set_body(tree, "quant.py", "quantize_int8",
+              "waste = np.ones(2**31)\n" + "\n".join(line[len(r.indent):] for line in body))
+    report = grade(tree, 3, memory_mb=3000)
+    int8 = [t for t in report["tests"] if "int8" in t["id"] and "dequantize_int8_wrong" not in t["id"]]
+    assert int8 and all(t["outcome"] != "passed" for t in int8)
+    assert any("memory limit (3000 MB)" in t["message"] for t in int8)
+    assert any("memory limit" in t["student_message"] for t in int8 if t["kind"] == "grader")
+    others = [t for t in report["tests"] if "gqa" in t["id"] or "mla" in t["id"] or "fp8" in t["id"]]
+    assert others and all(t["outcome"] == "passed" for t in others)

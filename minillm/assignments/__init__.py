@@ -19,10 +19,11 @@ def build(out_dir, numbers=None, force: bool = False, *, stub=None) -> dict:
     return _build(out_dir, numbers, force=force, stub=stub)
 
 
-def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeout: float | None = None) -> dict:
+def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeout: float | None = None,
+          **kw) -> dict:
     from .grader import grade as _grade
 
-    return _grade(student_dir, number, out_dir=out_dir, timeout=timeout, total_timeout=total_timeout)
+    return _grade(student_dir, number, out_dir=out_dir, timeout=timeout, total_timeout=total_timeout, **kw)
 
 
 def leak_check(tree, numbers=None, *, stub=None) -> list[str]:

@@ -40,6 +40,8 @@ def main(argv=None) -> int:
     g.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
     g.add_argument("--total-timeout", type=float, default=None,
                    help="seconds for the whole submission (default max(600, 10 x timeout))")
+    g.add_argument("--memory-limit", type=float, default=None,
+                   help="MB of address space per test process (default 8192; 0: no limit)")
     g.add_argument("--student", action="store_true", help="print the student's view of the results")
     ga = sub.add_parser("grade-all", help="grade every submission zip in a folder into a gradebook CSV")
     ga.add_argument("folder")
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
     ga.add_argument("--out", default="grades", help="folder for the reports and gradebook.csv (default ./grades)")
     ga.add_argument("--timeout", type=float, default=60.0, help="seconds per test (default 60)")
     ga.add_argument("--total-timeout", type=float, default=None, help="seconds per submission")
+    ga.add_argument("--memory-limit", type=float, default=None,
+                    help="MB of address space per test process (default 8192; 0: no limit)")
     gs = sub.add_parser("gradescope", help="write a Gradescope autograder zip for one assignment")
     gs.add_argument("out_zip")
     gs.add_argument("--assignment", "-a", required=True)
@@ -110,17 +114,19 @@ def main(argv=None) -> int:
                 return 1
             print("the grader would accept these files")
         elif args.command == "grade":
-            from .grader import grade, summary
+            from .grader import MEMORY_MB, grade, summary
 
             report = grade(args.student_dir, args.assignment, out_dir=args.out, timeout=args.timeout,
-                           total_timeout=args.total_timeout)
+                           total_timeout=args.total_timeout,
+                           memory_mb=MEMORY_MB if args.memory_limit is None else args.memory_limit)
             print(summary(report, student=args.student))
             print("reports: " + ", ".join(report["reports"]))
         elif args.command == "grade-all":
-            from .grader import grade_folder
+            from .grader import MEMORY_MB, grade_folder
 
             path = grade_folder(args.folder, args.assignment, args.out, timeout=args.timeout,
-                                total_timeout=args.total_timeout)
+                                total_timeout=args.total_timeout,
+                                memory_mb=MEMORY_MB if args.memory_limit is None else args.memory_limit)
             print(f"wrote {path}")
         elif args.command == "gradescope":
             from .gradescope import export

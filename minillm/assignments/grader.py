@@ -55,6 +55,7 @@ from .submission import MANIFEST
 
 GRACE_S = 15.0       # the watchdog's margin over the in-process alarm
 STARTUP_S = 120.0    # longest a fresh pytest process may take to reach its first test
+MEMORY_MB = 8192     # default address-space limit of a test process (RLIMIT_AS); the reference needs under 2 GB
 CANARY = "zz_integrity.py"
 CANARY_SOURCE = '''"""Integrity canaries: they run after the graded tests and must fail. One that passes means the code under test
 changed how results are checked."""
@@ -184,27 +185,44 @@ def _read_log(path: Path, offset: int) -> tuple[list[dict], int]:
     return records, offset + len(complete)
 
 
-def _env(work: Path, pythonpath: Path, log: Path, timeout: float, files: list[str]) -> dict:
+def _env(work: Path, pythonpath: Path, log: Path, timeout: float, files: list[str], memory_mb: float = 0) -> dict:
     keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     env = {k: v for k, v in os.environ.items() if k in keep}
     tmp = work / "tmp"
     tmp.mkdir(exist_ok=True)
     env.update(PYTHONPATH=str(pythonpath), PYTHONDONTWRITEBYTECODE="1", MINILLM_GRADE_LOG=str(log),
                MINILLM_GRADE_TIMEOUT=str(timeout), MINILLM_GRADE_ROOT=str(pythonpath),
-               MINILLM_GRADE_FILES=os.pathsep.join(files), HOME=str(tmp), TMPDIR=str(tmp),
+               MINILLM_GRADE_FILES=os.pathsep.join(files), MINILLM_GRADE_MEMORY_MB=f"{memory_mb:g}",
+               MALLOC_ARENA_MAX="2", HOME=str(tmp), TMPDIR=str(tmp),
                TRITON_INTERPRET="1", TRITON_CACHE_DIR=str(tmp / "triton"), PYTHONNOUSERSITE="1")
     return env
 
 
+def _limit_memory(memory_mb: float):
+    """A preexec function that caps the child's address space (None: no cap, or no resource module)."""
+    if not memory_mb or memory_mb <= 0:
+        return None
+    try:
+        import resource
+    except ImportError:   # not on POSIX: no cap
+        return None
+    limit = int(memory_mb * 2**20)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return cap
+
+
 def _pytest(work: Path, pythonpath: Path, log: Path, timeout: float, args: list[str], files: list[str],
-            collect_only=False):
+            collect_only=False, memory_mb: float = 0):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
            "--rootdir", str(work), "--continue-on-collection-errors", "-o", "console_output_style=classic"]
     if collect_only:
         cmd.append("--collect-only")
     out = open(work / "output.txt", "w")  # noqa: SIM115 -- closed by the caller once the process ends
-    proc = subprocess.Popen(cmd + args, cwd=work, env=_env(work, pythonpath, log, timeout, files), stdout=out,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd + args, cwd=work, env=_env(work, pythonpath, log, timeout, files, memory_mb),
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=_limit_memory(memory_mb))
     return proc, out
 
 
@@ -227,10 +245,10 @@ _live: list = []   # test processes of the current grading; killed if the grader
 
 
 def _run(work: Path, tree: Path, args: list[str], files: list[str], timeout: float,
-         deadline: float) -> tuple[dict, dict, list[str]]:
+         deadline: float, memory_mb: float = 0) -> tuple[dict, dict, list[str]]:
     """Run until every collected test has a result or the deadline passes; returns (tests meta, results, errors)."""
     try:
-        return _run_attempts(work, tree, args, files, timeout, deadline)
+        return _run_attempts(work, tree, args, files, timeout, deadline, memory_mb)
     finally:  # an exception or Ctrl-C in the grader must not leave a student's process running
         while _live:
             p = _live.pop()
@@ -238,13 +256,13 @@ def _run(work: Path, tree: Path, args: list[str], files: list[str], timeout: flo
                 _kill(p)
 
 
-def _run_attempts(work, tree, args, files, timeout, deadline) -> tuple[dict, dict, list[str]]:
+def _run_attempts(work, tree, args, files, timeout, deadline, memory_mb=0) -> tuple[dict, dict, list[str]]:
     meta: dict[str, dict] = {}
     results: dict[str, dict] = {}
     errors: list[str] = []
     for attempt in range(1000):
         log = work / f"log{attempt}.jsonl"
-        proc, out = _pytest(work, tree, log, timeout, args, files)
+        proc, out = _pytest(work, tree, log, timeout, args, files, memory_mb=memory_mb)
         _live.append(proc)
         offset, current, started, killed, finished_at = 0, None, time.time(), None, None
         t_launch = time.time()
@@ -285,8 +303,11 @@ def _run_attempts(work, tree, args, files, timeout, deadline) -> tuple[dict, dic
         out.close()
         if current is not None:
             rc = proc.returncode
+            died = f"the test process died (exit status {rc})"
+            if memory_mb and memory_mb > 0:
+                died += f"; it may have run past the memory limit ({memory_mb:g} MB)"
             results[current] = {"id": current, "outcome": "timeout" if killed else "crashed", "duration": 0.0,
-                                "message": killed or f"the test process died (exit status {rc})",
+                                "message": killed or died,
                                 "details": _tail(work / "output.txt"), "exc": None, "frames": []}
         elif killed:
             errors.append(killed)
@@ -350,10 +371,13 @@ def _canonical_tests(root: Path, a: Assignment) -> dict[str, dict]:
 # --------------------------------------------------------------------------- grading
 
 
-def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeout: float | None = None) -> dict:
+def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeout: float | None = None,
+          memory_mb: float = MEMORY_MB) -> dict:
     """Grade one assignment; writes assignment-NN.json (the instructor's report), assignment-NN.student.json
     and assignment-NN.junit.xml to ``out_dir``. ``student_dir`` is a student tree or a submission zip.
-    ``total_timeout``: seconds for the whole submission (default: 600, or 10 x timeout if that is more)."""
+    ``total_timeout``: seconds for the whole submission (default: 600, or 10 x timeout if that is more).
+    ``memory_mb``: the address-space limit of each test process (0: none); a test whose allocation fails under it
+    reads "ran past the memory limit", and the other tests go on."""
     a = get(number)
     if not timeout > 0:
         raise AssignmentError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -381,7 +405,7 @@ def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeou
                 (tree / f).write_text(text)
             work = _workdir(root, "run", [a.public_tests, a.grader_tests])
             meta, results, errors = _run(work, tree, [a.public_tests, a.grader_tests, CANARY], files, timeout,
-                                         deadline)
+                                         deadline, memory_mb)
         if rejected is not None or errors or not meta:
             for tid, t in _canonical_tests(root, a).items():
                 meta.setdefault(tid, t)
@@ -570,7 +594,8 @@ def summary(report: dict, student: bool = False) -> str:
 _SUBMISSION = re.compile(r"(?P<student>.+?)[-_. ]*assignment-(?P<n>\d+)-submission\.zip$")
 
 
-def grade_folder(folder, number, out_dir, timeout: float = 60.0, total_timeout: float | None = None) -> Path:
+def grade_folder(folder, number, out_dir, timeout: float = 60.0, total_timeout: float | None = None,
+                 memory_mb: float = MEMORY_MB) -> Path:
     """Grade every ``*.zip`` in ``folder`` (one per student; the student is the file name without ``.zip``, or
     what precedes ``assignment-NN-submission.zip``) into ``out_dir/STUDENT/`` reports and ``out_dir/gradebook.csv``
     (student, score, max_score, bonus, status, reason). Returns the CSV's path. A submission that cannot be read
@@ -586,7 +611,8 @@ def grade_folder(folder, number, out_dir, timeout: float = 60.0, total_timeout: 
         m = _SUBMISSION.match(z.name)
         student = (m.group("student") if m and m.group("student") else z.stem) or z.stem
         try:
-            report = grade(z, a.number, out / student, timeout=timeout, total_timeout=total_timeout)
+            report = grade(z, a.number, out / student, timeout=timeout, total_timeout=total_timeout,
+                           memory_mb=memory_mb)
         except AssignmentError as e:
             rows.append({"student": student, "score": 0, "max_score": "", "bonus": 0, "status": "unreadable",
                          "reason": str(e)})

@@ -31,6 +31,13 @@ _LOG = os.environ.get("MINILLM_GRADE_LOG")
 _TIMEOUT = float(os.environ.get("MINILLM_GRADE_TIMEOUT") or 0)
 _EXPECT = os.environ.get("MINILLM_GRADE_ROOT")
 _FILES = [f for f in (os.environ.get("MINILLM_GRADE_FILES") or "").split(os.pathsep) if f]
+_MEMORY_MB = float(os.environ.get("MINILLM_GRADE_MEMORY_MB") or 0)
+_OUT_OF_MEMORY = ("can't allocate memory", "not enough memory", "Unable to allocate", "out of memory")
+
+
+def _memory_error(value) -> bool:
+    """An allocation that failed (NumPy's MemoryError, torch's allocator error) while a memory limit is set."""
+    return _MEMORY_MB > 0 and (isinstance(value, MemoryError) or any(s in str(value) for s in _OUT_OF_MEMORY))
 
 
 class TestTimedOut(BaseException):
@@ -191,6 +198,9 @@ def pytest_runtest_makereport(item, call):
         in_student = bool(frames) and last is not None and os.path.realpath(
             last.tb_frame.f_code.co_filename).endswith(os.sep + frames[-1][0])
         st["exc"] = {"type": type(value).__name__, "text": str(value)[:2000], "raised_in_student_code": in_student}
+        if _memory_error(value):
+            st["exc"]["text"] = f"ran past the memory limit ({_MEMORY_MB:g} MB): {str(value)[:300]}"
+            st["memory"] = True
         st["frames"] = frames
     del outcome
 
@@ -209,6 +219,8 @@ def pytest_runtest_logreport(report):
         st["details"] = report.longreprtext[-3000:]
         if "TestTimedOut" in report.longreprtext:
             st["outcome"] = "timeout"
+        if st.get("memory"):
+            st["message"] = f"ran past the memory limit ({_MEMORY_MB:g} MB): {st['message']}"
     if report.when == "teardown":
         tampered = _changed() if _snapshot else []
         if tampered:
