@@ -38,7 +38,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests
 
 notebooks: $(STAMP)
-	$(PY) -m pytest -q --nbval intro.ipynb chapters appendix --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
+	$(PY) -m pytest -q -n 2 --dist loadfile --nbval intro.ipynb chapters appendix --nbval-sanitize-with nbval_sanitize.cfg --nbval-current-env --nbval-cell-timeout=180 -p no:cacheprovider
 
 # Every chapter run from the installed wheel, in a folder outside the clone, under strict nbval with NumPy's
 # AVX-512/AVX2/FMA3/F16C paths switched off: the stored outputs checked on a second set of CPU features.
