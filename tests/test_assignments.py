@@ -493,3 +493,65 @@ def test_gradescope_export_and_results_json(tmp_path):
     grader_src = (PACKAGE_DIR / "assignments" / "tests" / "a03_grader.py").read_text()
     assert not [line for line in grader_src.splitlines() if len(line.strip()) > 25 and line.strip() in
                 json.dumps(data)]
+
+
+# --------------------------------------------------------------------------- chapter cells that print a graded body
+
+
+def _notebook(tagged: bool) -> dict:
+    """A small notebook: a cell that prints assignment 5's merge body (as a chapter's ``print(source(...))`` does)
+    and an ordinary cell."""
+    r = next(r for r in all_regions() if (r.path, r.qualname) == ("softmax.py", "merge"))
+    body = "\n".join((PACKAGE_DIR / "softmax.py").read_text().splitlines()[r.begin + 1:r.end]) + "\n"
+    meta = {"tags": ["assignment-solution"]} if tagged else {}
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "id": "a", "metadata": meta, "execution_count": 1,
+         "source": "print(source(merge))", "outputs": [{"output_type": "stream", "name": "stdout", "text": body}]},
+        {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": 2, "source": "1 + 1",
+         "outputs": [{"output_type": "execute_result", "execution_count": 2, "metadata": {},
+                      "data": {"text/plain": "2"}}]}]}
+
+
+def test_solution_cells_lose_their_outputs_and_untagged_ones_are_flagged(tmp_path):
+    """The book build and a student tree drop the outputs of a cell tagged assignment-solution (its code stays);
+    the leak check flags an untagged cell whose output prints a graded body (it read the notebook's JSON lines
+    before and never fired)."""
+    from minillm.assignments.builder import notebook_leaks, strip_notebook_text, write_package
+
+    untagged, tagged = _notebook(False), _notebook(True)
+    leaks = notebook_leaks(json.dumps(untagged), where="ch.ipynb")
+    assert len(leaks) == 1 and leaks[0].startswith("ch.ipynb: cell 0: output quotes a graded body")
+    assert notebook_leaks(json.dumps(tagged)) == []                       # the build drops it
+    assert notebook_leaks(json.dumps(tagged), tagged_ok=False)            # in a student tree nothing may remain
+    text, n = strip_notebook_text(json.dumps(tagged))
+    nb = json.loads(text)
+    assert n == 1 and nb["cells"][0]["outputs"] == [] and nb["cells"][0]["source"] == "print(source(merge))"
+    assert nb["cells"][1] == tagged["cells"][1]
+    assert strip_notebook_text(json.dumps(untagged))[1] == 0
+
+    # the Sphinx hook the book build loads (_config.yml) rewrites the notebook it reads
+    sys.path.insert(0, str(ROOT / "_ext"))
+    try:
+        import minillm_assignment_cells as hook
+    finally:
+        sys.path.remove(str(ROOT / "_ext"))
+    assert "minillm_assignment_cells: _ext" in (ROOT / "_config.yml").read_text()
+
+    class Env:
+        @staticmethod
+        def doc2path(docname):
+            return ROOT / f"{docname}.ipynb"
+
+    app = type("App", (), {"env": Env()})()
+    source = [json.dumps(tagged)]
+    hook.strip_source(app, "chapters/xx", source)
+    assert json.loads(source[0])["cells"][0]["outputs"] == [] and notebook_leaks(source[0], tagged_ok=False) == []
+
+    # a notebook in the package reaches a student tree without the tagged outputs; an untagged one is a leak
+    pkg = tmp_path / "pkg" / "minillm"
+    shutil.copytree(PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assignments"))
+    (pkg / "demo.ipynb").write_text(json.dumps(tagged))
+    write_package(tmp_path / "tree" / "minillm", set(ASSIGNMENTS), package_dir=pkg)
+    assert leak_check(tmp_path / "tree") == []
+    (tmp_path / "tree" / "minillm" / "demo2.ipynb").write_text(json.dumps(untagged))
+    assert any(x.startswith("minillm/demo2.ipynb: cell 0: output quotes") for x in leak_check(tmp_path / "tree"))

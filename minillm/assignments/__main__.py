@@ -66,6 +66,9 @@ def main(argv=None) -> int:
     lc.add_argument("tree")
     lc.add_argument("--assignment", "-a", action="append",
                     help="the tree was built for this assignment (as build -a): check the solutions it stubs")
+    lb = sub.add_parser("leak-check-book", help="fail if a chapter cell that is not tagged assignment-solution "
+                                               "prints a graded body (the book drops tagged cells' outputs)")
+    lb.add_argument("notebooks", nargs="*", help="default: intro.ipynb, chapters/*.ipynb, appendix/*.ipynb")
     args = p.parse_args(argv)
     try:
         if args.command == "list":
@@ -151,6 +154,20 @@ def main(argv=None) -> int:
                 print(f"{len(leaks)} leak(s)", file=sys.stderr)
                 return 1
             print("no solution line, near-copy or marker found")
+        elif args.command == "leak-check-book":
+            from pathlib import Path
+
+            from .builder import notebook_leaks
+
+            paths = args.notebooks or [str(q) for pat in ("intro.ipynb", "chapters/*.ipynb", "appendix/*.ipynb")
+                                       for q in sorted(Path().glob(pat))]
+            leaks = [leak for q in paths for leak in notebook_leaks(q)]
+            for leak in leaks:
+                print(leak)
+            if leaks:
+                print(f"{len(leaks)} cell(s) print a graded body untagged", file=sys.stderr)
+                return 1
+            print(f"{len(paths)} notebook(s): every cell that prints a graded body is tagged")
     except AssignmentError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ OUT_DIR/
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 from pathlib import Path
@@ -333,6 +334,72 @@ def handin_script(numbers) -> str:
                          titles=repr({str(n): ASSIGNMENTS[n].title for n in numbers}))
 
 
+# --------------------------------------------------------------------------- notebooks
+
+# A chapter cell that prints a graded body (chapter 6 shows its forward and backward with ``source(...)``) carries
+# this tag: its code stays, its outputs are dropped wherever the book reaches students. The student tree holds no
+# chapters (only the package, the public tests and the handouts), so the book build honours the tag
+# (_ext/minillm_assignment_cells.py, on Sphinx's source-read); a notebook inside a student tree would be stripped
+# by write_package all the same.
+SOLUTION_TAG = "assignment-solution"
+
+
+def strip_solution_outputs(nb: dict) -> int:
+    """Clear the outputs (and execution count) of every code cell tagged SOLUTION_TAG, keeping its code; returns
+    how many cells changed."""
+    n = 0
+    for cell in nb.get("cells", []):
+        if SOLUTION_TAG in (cell.get("metadata", {}).get("tags") or []) and cell.get("cell_type") == "code":
+            if cell.get("outputs"):
+                n += 1
+            cell["outputs"] = []
+            cell["execution_count"] = None
+    return n
+
+
+def strip_notebook_text(text: str) -> tuple[str, int]:
+    """:func:`strip_solution_outputs` on a notebook's JSON text (unchanged text when no cell is tagged)."""
+    nb = json.loads(text)
+    n = strip_solution_outputs(nb)
+    return (json.dumps(nb, indent=1, ensure_ascii=False) + "\n", n) if n else (text, 0)
+
+
+def _output_text(output: dict) -> str:
+    parts = [output.get("text", "")]
+    for key in ("text/plain", "text/markdown", "text/html", "text/latex"):
+        parts.append((output.get("data") or {}).get(key, ""))
+    parts.append("\n".join(output.get("traceback") or []))
+    return "\n".join("".join(p) if isinstance(p, list) else str(p) for p in parts)
+
+
+def notebook_leaks(nb, numbers=None, *, where: str = "<notebook>", tagged_ok: bool = True) -> list[str]:
+    """Cells whose outputs quote a solution of ``numbers`` (default: all): a solution line or a near-copy.
+    ``nb``: a notebook dict, its JSON text or a path. ``tagged_ok``: a cell tagged SOLUTION_TAG is fine (the book
+    build strips its outputs); off for a student tree, where nothing may be left."""
+    if isinstance(nb, (str, Path)) and not str(nb).lstrip().startswith("{"):
+        where, nb = str(nb), Path(nb).read_text()
+    if isinstance(nb, str):
+        nb = json.loads(nb)
+    stubbed = set(ASSIGNMENTS) if numbers is None else {get(n).number for n in numbers}
+    exact, normalized = _solution_lines(stubbed)
+    windows = solution_windows(stubbed)
+    from .markers import normalize
+
+    leaks = []
+    for k, cell in enumerate(nb.get("cells", [])):
+        if tagged_ok and SOLUTION_TAG in (cell.get("metadata", {}).get("tags") or []):
+            continue
+        text = "\n".join(_output_text(o) for o in cell.get("outputs") or [])
+        lines = [s.strip() for s in text.splitlines()]
+        hit = next((s for s in lines if s in exact or (normalize(s) and normalize(s) in normalized)), None)
+        near = _window_hits(text, windows)
+        if hit is not None or near:
+            what = f"solution line: {hit}" if hit is not None else f"near-copy of the solution of {near[0][2]}"
+            leaks.append(f"{where}: cell {k}: output quotes a graded body ({what}); tag the cell {SOLUTION_TAG!r}"
+                         + (" so the book drops its outputs" if tagged_ok else ""))
+    return leaks
+
+
 def write_package(dest: Path, stubbed: set[int], package_dir: Path = PACKAGE_DIR) -> dict:
     """The package as a tree that stubs ``stubbed`` has it, written to ``dest`` (a ``minillm`` folder).
     Returns {"stubbed": files changed by a stub, "scrubbed": {data file: lines dropped}}."""
@@ -346,6 +413,12 @@ def write_package(dest: Path, stubbed: set[int], package_dir: Path = PACKAGE_DIR
         if out != _strip_markers(text):
             changed.append(rel)
         py.write_text(out)
+    # A notebook in the package loses the outputs of its cells tagged SOLUTION_TAG (the code stays).
+    for nb in dest.rglob("*.ipynb"):
+        text, n = strip_notebook_text(nb.read_text())
+        if n:
+            nb.write_text(text)
+            changed.append(nb.relative_to(dest).as_posix())
     # Data files can quote the source too (chapter 9's held-out text is a snapshot of the package).
     exact, normalized = _solution_lines(stubbed)
     windows = solution_windows(stubbed)
@@ -400,6 +473,8 @@ def leak_check(tree, numbers=None, *, stub=None) -> list[str]:
                else release_set(numbers) if numbers else set(ASSIGNMENTS))
     exact, normalized = _solution_lines(stubbed)
     leaks = find_leaks(Path(tree), exact, normalized)
+    for nb in sorted(Path(tree).rglob("*.ipynb")):   # outputs are JSON strings: the line check cannot see them
+        leaks += notebook_leaks(nb.read_text(), stubbed, where=nb.relative_to(tree).as_posix(), tagged_ok=False)
     return leaks + find_window_leaks(Path(tree), solution_windows(stubbed))
 
 
