@@ -81,6 +81,13 @@ class ModelConfig:
         return int(sum(np.prod(s) for s in self.param_shapes().values()))
 
 
+# Llama-3.2-1B's shape (its published config.json: 16 layers, d_model 2048, 32 query and 8 KV heads, d_ff 8192,
+# a 128,256-token vocabulary, rope_theta 500,000), with the 2,048-token context the book's GPU runs use. The model
+# ties its input and output embeddings; minillm keeps a separate lm_head of the same shape, so a step reads the
+# same bytes. Chapters 8 to 11 and the benchmarks use it as "the 1B shape".
+LLAMA_1B = ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
+                       max_seq_len=2048, rope_theta=500000.0)
+
 def init_params(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Random weights (GPT-2 style init: N(0, 0.02), residual outputs scaled down by depth)."""
     rng = np.random.default_rng(seed)
