@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import LOG2E, cdiv, dot, mma, next_power_of_2
+from .common import LOG2E, cdiv, dot, last_dim_contiguous, mma, next_power_of_2
+from .paged_prefill import varlen_dims
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -247,22 +247,8 @@ def attention_bi(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, 
     (num_blocks, block_size, Hkv, D), block_tables (S, max_blocks) int32, context_lens (S,) int32,
     cu_seqlens_q (S+1,) int32. Decodes are sequences with one new token. ``validate=False`` reads nothing back
     to the host (CUDA graphs); ``max_seqlen_q`` then defaults to T - S + 1."""
-    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens,
-                   cu_seqlens_q=cu_seqlens_q)
-    check_tensors(**tensors)
-    T, S, Hq, Hkv, D, block_size, num_blocks = check_varlen_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, check_table=validate)
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    check_placement(**tensors)
-    if D > 256:
-        raise ValueError(f"unsupported head dim {D}: at most 256")
-    if validate:
-        true_max = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
-        if max_seqlen_q is not None and max_seqlen_q < true_max:
-            raise ValueError(f"max_seqlen_q={max_seqlen_q} but a sequence has {true_max} new tokens")
-        max_seqlen_q = max_seqlen_q or true_max
-    max_seqlen_q = max_seqlen_q or T - S + 1
+    T, S, Hq, Hkv, D, block_size, num_blocks, max_seqlen_q = varlen_dims(
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, validate, max_seqlen_q)
     out = torch.empty((T, Hq, D), device=q.device, dtype=q.dtype)
     if INTERPRETED and q.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong (triton #11584)
         q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
@@ -271,10 +257,7 @@ def attention_bi(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, 
     bm, bn, split, warps, stages = attention_config(q.dtype, group)
     block_d = max(16, next_power_of_2(D))
     splits = cdiv(block_tables.shape[1] * block_size, split)   # from the table's capacity: no host read
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    q, k_cache, v_cache, block_tables = last_dim_contiguous(q, k_cache, v_cache, block_tables)
     direct = splits == 1
     if direct:
         mp = lp = op = out

@@ -23,6 +23,12 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def last_dim_contiguous(*tensors):
+    """Each tensor as it is where its last dimension is contiguous (the kernels take every other stride as it
+    is), else a contiguous copy."""
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count

@@ -20,8 +20,8 @@ Splitting a long sequence across programs is what keeps the GPU busy at small
 batch: with B * Hkv programs alone, a batch of one would use a handful of SMs.
 The variants the H200 studies rejected (a hand-written prefetch loop, the merge by the last
 split through an atomic ticket, programmatic dependent launch of the merge, descriptors built
-in the kernel, several blocks per TMA step) and the results files the docstrings below name are in
-the git tag ``archive/kernel-experiments``.
+in the kernel, several blocks per TMA step) are in the git tag ``archive/kernel-experiments``, with the
+results of the studies the docstrings below summarize.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import cdiv, dot, mma, next_power_of_2, num_sms, softmax_step
+from .common import cdiv, dot, last_dim_contiguous, mma, next_power_of_2, num_sms, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
@@ -137,7 +137,7 @@ def _decode_loop_tma(q, m, l, acc, k_desc, v_desc, TABLE, b, hk, start, end, qk_
     v1 gathers each tile row by row with per-thread addresses. Here each block's keys and values are one box of a
     tensor descriptor (made on the host, :func:`_host_descriptors`): a single thread issues each copy, the data
     lands in shared memory, and Triton's pipeliner keeps the next block's copies in flight while this one computes
-    (at 3 stages: aot_resources_paged_v3_sm90.txt). The full blocks of the split run unmasked; the last,
+    (at 3 stages). The full blocks of the split run unmasked; the last,
     which may run past the sequence's end, masked (``start`` is block-aligned: a split is whole blocks).
     """
     # BEGIN SOLUTION
@@ -227,70 +227,50 @@ def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK
 
 
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
-    """As many splits as fit in one wave of ~4 programs per SM, never a slice under one 64-token tile.
-
-    From the split sweeps on the H200 (paged_attention_h200.json, rows marked ``sweep``): at batch 1 the time
-    falls until ~64 splits fill the SMs; at batch 16 (128 programs unsplit) 4 splits (512 programs, one wave)
-    beat both 5 and 9, which spill into a second, mostly idle wave. Rounding down keeps the grid in one wave.
-    """
+    """As many splits as fit in one wave of ~4 programs per SM, never a slice under one 64-token tile. (H200
+    split sweeps: at batch 1 the time falls until ~64 splits fill the SMs; at batch 16, 4 splits -- one wave of
+    512 programs -- beat 5 and 9, which spill into a second, mostly idle wave.)"""
     if INTERPRETED:
         return 1
     return max(1, min((4 * num_sms(device)) // (batch * hkv), math.ceil(max_len / 64), 128))
 
 
 def decode_config(batch: int, hkv: int, max_len: int) -> tuple[int, int | None]:
-    """The decode kernel's default (num_warps, num_stages) for a batch; None stages: Triton's default.
-
-    From the num_warps x num_stages sweeps on the H200 (paged_decode_study_h200.json;
-    bf16, Hq=32, Hkv=8, D=128, block size 16, default splits): at B=1, 4 warps with 1 stage were best
-    up to L=4K and with 2 stages at L=16K; at B>=16, 2 stages were best, with 2 warps where
-    B * L >= 256K tokens (B=16 L=16K, B=64 L>=4K) and 4 warps below (within 1% of 2 warps at
-    B=16 L=4K and B=64 L=1K). Batches between 2 and 15, which the sweeps did not time, take the
-    B=1 rule. ``hkv`` is unused for now (the sweeps had Hkv=8 only). ``max_len`` is the token
-    capacity of the block table, as ``default_splits`` takes it.
-    """
+    """The decode kernel's default (num_warps, num_stages) for a batch (``max_len``: the block table's token
+    capacity). From H200 sweeps (bf16, Hq=32, Hkv=8, D=128, 16-token blocks): at B=1, 4 warps, 1 stage up to 4K
+    tokens and 2 stages at 16K; at B >= 16, 2 stages, with 2 warps from B * L = 256K tokens and 4 below. Batches
+    of 2-15, not swept, take the B=1 rule; ``hkv`` is unused (the sweeps had Hkv=8 only)."""
     if batch < 16:
         return 4, (1 if max_len <= 4096 else 2)
     return (2 if batch * max_len >= 16 * 16384 else 4), 2
 
 
 def prefers_tma(batch: int, hkv: int, block_size: int, device) -> bool:
-    """Whether a call with tma=None runs v3 (one block per step, copied by TMA), from the H200
-    studies (paged_decode_tma_*_h200.json; bf16, Hq=32, Hkv=8, D=128, scattered
-    table). v3 keeps a whole block in flight while it computes the one before, so one program per (sequence,
-    KV head) streams fast enough on its own, and one or two splits (``tma_splits``) need no or one small
-    merge. That wins where batch * Hkv alone about fills the SMs once or twice (more than half of them, at
-    most twice: B=9 to 33 there) with blocks of 64 tokens or more: at B=12 and 16 (1.01-1.46x v1 with the
-    default's own configuration), and at B=32, where v3 ran at 1.03-1.06x v1 with 128-token blocks and
-    1.05-1.12x with 64-token ones. At B=64 v1, which runs one split there too, won or tied; below half the SMs
-    one split leaves SMs idle and v1 splits. With 16-token blocks a step is too small (v3 ran at 0.54-0.71x v1).
-    Never in the interpreter (:func:`tma_rule` is the rule itself)."""
+    """Whether a call with tma=None runs v3 (never in the interpreter; :func:`tma_rule` is the rule). v3 keeps a
+    whole block in flight while it computes the one before, so one program per (sequence, KV head) streams fast
+    enough alone and one or two splits need no or one small merge. In the H200 studies (bf16, Hq=32, Hkv=8,
+    D=128) that won where batch * Hkv fills the SMs once or twice, with blocks of 64 tokens or more (1.01-1.46x
+    v1 at B=12-32); at B=64 v1 won or tied, and with 16-token blocks a step is too small (0.54-0.71x v1)."""
     return not INTERPRETED and tma_rule(batch, hkv, block_size, num_sms(device))
 
 
 def tma_splits(tile: int, max_len: int) -> int:
-    """v3's split count where batch * Hkv passes half the SMs, from the same study (host descriptors), by the
-    tokens of a step: with 128-token steps (blocks) one split was fastest at every length (one program per
-    (sequence, KV head) streams at cuDNN's rate, and nothing is merged); with 64-token steps one split at L=1K
-    and two from L=4K on."""
+    """v3's split count where batch * Hkv passes half the SMs (same studies): one with 128-token steps at every
+    length (a program per (sequence, KV head) streams at cuDNN's rate); with 64-token steps, two from 4K tokens."""
     return 1 if tile >= 128 or max_len < 4096 else 2
 
 
 def tma_shared_bytes(stages: int, tile: int, head_dim: int, element_size: int) -> int:
-    """Shared memory one v3 program holds, as Triton 3.6 compiles it for sm_90: (stages - 1) buffers of a
-    step's K and V plus about 8 KiB (72 / 136 KiB at 2 / 3 stages with 128-token steps, D=128, bf16;
-    aot_resources_paged_v3_sm90.txt lists the compiled numbers this model follows)."""
+    """Shared memory one v3 program holds as Triton compiles it for sm_90: (stages - 1) buffers of a step's K and
+    V plus about 8 KiB (72 / 136 KiB at 2 / 3 stages with 128-token steps, D=128, bf16)."""
     return max(stages - 1, 1) * 2 * tile * head_dim * element_size + 8192
 
 
 def tma_config(batch: int, hkv: int, sms: int, tile: int, head_dim: int, element_size: int,
                shared_per_sm: int) -> tuple[int, int]:
-    """v3's (num_warps, num_stages): ``TMA_CONFIG``, with fewer stages only where that is what lets every one of
-    the batch * Hkv programs be resident at once (``tma_shared_bytes`` each; ``tile``: tokens per step). At
-    B=32 (256 programs on 132 SMs) 128-token blocks at 3 stages fit one program per SM and ran in two waves; at
-    2 stages, 1.09x faster at L=1K. 64-token blocks fit three per SM at 3 stages and ran 1.07x faster there
-    than at 2 (paged_decode_tma_stages_bs*_h200.json). Raises ValueError for a step too large to fit an SM
-    even at 2 stages (one buffer)."""
+    """v3's (num_warps, num_stages): ``TMA_CONFIG``, with fewer stages only where that lets all batch * Hkv
+    programs be resident at once (at B=32, 128-token blocks at 2 stages ran 1.09x faster than at 3, which left
+    a second wave). Raises ValueError for a step too large for an SM even at 2 stages (one buffer)."""
     warps, stages = TMA_CONFIG
     if tma_shared_bytes(2, tile, head_dim, element_size) > shared_per_sm:
         raise ValueError(f"a v3 step of {tile} tokens needs {tma_shared_bytes(2, tile, head_dim, element_size)} "
@@ -388,8 +368,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None
     max_len = block_table.shape[1] * block_size
     # the kernel takes the caches' block, slot and head strides as they are (a head-major pool passed as a
     # permuted view runs without a copy) and assumes the head dim is contiguous
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    k_cache, v_cache = last_dim_contiguous(k_cache, v_cache)
     tile = config.tile
     use_tma = prefers_tma(B, Hkv, block_size, q.device) and tile is None if config.tma is None else config.tma
     if use_tma:
@@ -427,7 +406,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None
         m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
         l = torch.empty_like(m)
         o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
-    qc = q if q.stride(-1) == 1 else q.contiguous()
+    (qc,) = last_dim_contiguous(q)
     k_desc, v_desc = _host_descriptors(k_cache, v_cache, num_blocks, block_size, D) if use_tma else (None, None)
     kernel = _paged_decode_kernel[(B, Hkv, splits)](
         qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * 1.4426950408889634, split_len,

@@ -48,7 +48,7 @@ import triton.language as tl
 
 from ..paged.attention import check_varlen_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import LOG2E, cdiv, dot, load_tile, mma, next_power_of_2, softmax_step
+from .common import LOG2E, cdiv, dot, last_dim_contiguous, load_tile, mma, next_power_of_2, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -160,6 +160,32 @@ def _blocks(D: int, group: int, dtype, tokens_per_seq: float, interpreted: bool 
     return max(bm, next_power_of_2(group)), bn, warps, stages
 
 
+def varlen_dims(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, validate: bool,
+                max_seqlen_q: int | None) -> tuple[int, ...]:
+    """The checks every varlen kernel's host code runs first (tensors, shapes, the table and cu_seqlens_q when
+    ``validate``, dtype, one device, head dim) and the longest q_len, which sizes the grid: read from
+    cu_seqlens_q when validated (``max_seqlen_q``, if given, must cover it), else T - S + 1 unless given.
+    Returns (T, S, Hq, Hkv, D, block_size, num_blocks, max_seqlen_q)."""
+    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens,
+                   cu_seqlens_q=cu_seqlens_q)
+    check_tensors(**tensors)
+    dims = check_varlen_inputs(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, check_table=validate)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
+    check_placement(**tensors)
+    if dims[4] > MAX_HEAD_DIM:
+        raise ValueError(f"unsupported head dim {dims[4]}: at most {MAX_HEAD_DIM}")
+    if validate:
+        true_max = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # the check above has synced already
+        if max_seqlen_q is not None and max_seqlen_q < true_max:
+            raise ValueError(f"max_seqlen_q={max_seqlen_q} but a sequence has {true_max} new tokens")
+        max_seqlen_q = max_seqlen_q or true_max
+    max_seqlen_q = dims[0] - dims[1] + 1 if max_seqlen_q is None else max_seqlen_q
+    if max_seqlen_q < 1:
+        raise ValueError(f"max_seqlen_q must be >= 1, got {max_seqlen_q}")
+    return (*dims, max_seqlen_q)
+
+
 def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale: float | None = None,
                            validate: bool = True, max_seqlen_q: int | None = None,
                            config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
@@ -175,26 +201,8 @@ def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
     ``max_seqlen_q`` below the true one leaves rows of the output unwritten. Unvalidated, the kernel
     still never reads outside q, the table or the pool, but a bad batch gives wrong numbers, not an error.
     """
-    tensors = dict(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens,
-                   cu_seqlens_q=cu_seqlens_q)
-    check_tensors(**tensors)
-    T, S, Hq, Hkv, D, block_size, num_blocks = check_varlen_inputs(
-        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, check_table=validate)
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {q.dtype}; supported: {SUPPORTED_DTYPES}")
-    check_placement(**tensors)
-    if D > MAX_HEAD_DIM:
-        raise ValueError(f"unsupported head dim {D}: at most {MAX_HEAD_DIM}")
-    if validate:
-        true_max = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # the check above has synced already
-        if max_seqlen_q is None:
-            max_seqlen_q = true_max
-        elif max_seqlen_q < true_max:
-            raise ValueError(f"max_seqlen_q={max_seqlen_q} but a sequence has {true_max} new tokens")
-    elif max_seqlen_q is None:
-        max_seqlen_q = T - S + 1
-    if max_seqlen_q < 1:
-        raise ValueError(f"max_seqlen_q must be >= 1, got {max_seqlen_q}")
+    T, S, Hq, Hkv, D, block_size, num_blocks, max_seqlen_q = varlen_dims(
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, validate, max_seqlen_q)
     out_dtype = q.dtype
     if INTERPRETED and q.dtype == torch.bfloat16:  # the interpreter's bf16 dot is wrong (triton #11584)
         q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
@@ -206,10 +214,7 @@ def paged_varlen_attention(q, k_cache, v_cache, block_tables, context_lens, cu_s
                          f"query heads; got {bm}, {bn}")
     tokens = bm // group  # new tokens per program
     block_d = max(16, next_power_of_2(D))
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    q, k_cache, v_cache, block_tables = last_dim_contiguous(q, k_cache, v_cache, block_tables)
     out = torch.empty((T, Hq, D), device=q.device, dtype=out_dtype)
     grid = (cdiv(max_seqlen_q, tokens), S, Hkv)
     _varlen_kernel[grid](
