@@ -9,6 +9,7 @@
 #   run(command="bash benchmarks/gpu_session.sh speculative")     # chapters 9, 10: the benchmark, then the engine's
 #   run(command="bash benchmarks/gpu_session.sh composed")        # chapter 10: the float32 ladder, both models
 #   run(command="bash benchmarks/gpu_session.sh composed-study")  # chapter 10: the bf16 study
+#   run(command="bash benchmarks/gpu_session.sh batch-invariant") # chapter 11: the mode's cost and payoff
 #   run(command="bash benchmarks/gpu_session.sh ab LABEL")        # issue 33's before/after timing of the defaults
 # A suite writes its record into $OUT/results/<suite>_<gpu>.json, a copy of benchmarks/results/ made first, so the
 # file comes back with the new record in place of the old and every other record as it was: copy it into
@@ -72,6 +73,8 @@ composed)
   suite 290 composed --models llama1b --append ;;
 composed-study)
   suite 580 composed --study --budget-s 320 ;;
+batch-invariant)
+  suite 580 batch_invariant ;;
 ab)  # label the tree: PYTHONPATH=<tree> bash benchmarks/gpu_session.sh ab old (kernel_defaults_ab.py --compare ...)
   timeout 580 python3 benchmarks/kernel_defaults_ab.py --label "${2:?a label}" --out "$OUT/ab_$2.json" >> "$LOG" 2>&1
   echo "ab rc=$?"; tail -5 "$LOG" ;;

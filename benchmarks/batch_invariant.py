@@ -1,9 +1,9 @@
-"""Batch-invariant mode: what it costs and what it buys (chapter 11, issue 37). Standalone:
+"""Batch-invariant mode: what it costs and what it buys (chapter 11).
 
-    python benchmarks/batch_invariant_bench.py --out benchmarks/results/batch_invariant_h100.json
-    python benchmarks/batch_invariant_bench.py --smoke --out /tmp/bi.json      # CPU, interpreter, seconds
+    python -m benchmarks batch_invariant                       # record batch_invariant in results/<gpu>
+    python -m benchmarks batch_invariant --smoke --out /tmp/bi.json      # CPU, interpreter, seconds
 
-Three sections, written to ``--out`` after each one (a run cut short keeps what it measured):
+Three sections, the record written after each one (a run cut short keeps what it measured):
 
 * ``ops``: each operation alone, bf16, the default (cuBLAS matmul, torch RMSNorm, the paged decode and varlen
   kernels) against the batch-invariant kernel, at the 1B shape for a few batch sizes (median ms, CUDA graphs);
@@ -19,31 +19,26 @@ Finishes in about 3 minutes on an H100 (``--smoke``: the tiny model in fp32 on t
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import minillm.kernels  # noqa: F401  (sets TRITON_INTERPRET on a CPU before triton is imported)
+import torch
 
-import minillm.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET on a CPU before triton is imported)
-import torch  # noqa: E402
+from minillm import load_model
+from minillm.serving import LLMEngine, SamplingParams, SchedulerConfig
+from minillm.serving.torch_runner import TorchRunner
+from minillm.speculative import NgramDrafter
+from minillm.tokenizer import ByteTokenizer
+from minillm.torch_model import TorchModel
 
-from minillm import load_model  # noqa: E402
-from minillm.model import ModelConfig  # noqa: E402
-from minillm.serving import LLMEngine, SamplingParams, SchedulerConfig  # noqa: E402
-from minillm.serving.torch_runner import TorchRunner  # noqa: E402
-from minillm.speculative import NgramDrafter  # noqa: E402
-from minillm.tokenizer import ByteTokenizer  # noqa: E402
-from minillm.torch_model import TorchModel  # noqa: E402
+from ._common import run_meta
+from .serving import LLAMA_1B, random_model
 
-LLAMA_1B = ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
-                       max_seq_len=2048, rope_theta=500000.0)
+RECORD = "batch_invariant"  # the record a plain run writes
 BLOCK = 16
 TEXTS = ["import os\n", "def main(argv):\n", "class Foo(Bar):\n    def ", "#", "for i in range(",
          "x = [1, 2, 3]\n", "if __name__ == '__main__':\n", "return self.", "    def __init__(self",
@@ -54,26 +49,7 @@ TEXTS = ["import os\n", "def main(argv):\n", "class Foo(Bar):\n    def ", "#", "
 
 
 def meta(args, device) -> dict:
-    import triton
-    info = {"torch": torch.__version__, "triton": triton.__version__, "numpy": np.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "command": " ".join(["python", *sys.argv]), "smoke": args.smoke}
-    if device.type == "cuda":
-        info |= {"gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda}
-    else:
-        info["gpu"] = None
-    return info
-
-
-def random_model(cfg: ModelConfig, device, dtype, seed: int = 0) -> TorchModel:
-    """init_params-style random weights made on the device (benchmarks/serving.py's random_model)."""
-    torch.manual_seed(seed)
-    m = TorchModel(cfg).to(device)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            std = 0.02 / np.sqrt(2 * cfg.n_layers) if name.endswith(("wo", "w_down")) else 0.02
-            p.fill_(1.0) if name.endswith("norm") else p.normal_(0.0, std)
-    return m.to(dtype)
+    return run_meta(smoke=args.smoke, device=str(device), block_size=BLOCK)
 
 
 def engine(model: TorchModel, on: bool, *, batch: int, budget: int, device, dtype, graphs: bool, k: int = 0,
