@@ -352,3 +352,12 @@ def test_frontier_javascript_matches_python(spec_frontier_node):
         cb = [b for b in range(1, 1025) if frontier_explorable.frontier_points(step_cost(m, g), ctx, [b])[0]["bound"] == "compute"]
         assert ridge == (cb[0] if cb else None), (m, g, ctx)
     assert bounds == {"memory", "compute"}  # the cases cross the ridge
+
+
+def test_speculation_sliders_get_their_range_before_their_value():
+    # A range input clamps its value to the range it has when the value is set: set first, an alpha of 0.71 was
+    # snapped to the default range's step of 1 and the widget opened at alpha = 0 (seen in headless Chromium).
+    import re
+    slider = re.search(r'const slider = \(value, min, max, step\) => h\("input", \{([^}]*)\}', spec_explorable._SPEC_JS)
+    keys = [k.strip().split(":")[0] for k in slider.group(1).split(",")]
+    assert keys.index("value") > max(keys.index("min"), keys.index("max"), keys.index("step")), keys

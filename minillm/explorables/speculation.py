@@ -38,7 +38,7 @@ export function bestK(a, c, kMax) {             // the k in 1..kMax with the lar
 
 function render({ model, el }) {
   const kMax = model.get("k_max"), presets = model.get("presets");
-  const slider = (value, min, max, step) => h("input", { type: "range", value, min, max, step, style: "width:14em;vertical-align:middle" });
+  const slider = (value, min, max, step) => h("input", { type: "range", min, max, step, value, style: "width:14em;vertical-align:middle" });  // value last: the range must exist first
   const c = { alpha: slider(model.get("alpha"), 0, 0.99, 0.01), k: slider(model.get("k"), 1, kMax, 1),
               c: slider(model.get("c"), 0, 1, 0.01) };
   const shown = { alpha: h("span"), k: h("span"), c: h("span") };
