@@ -220,6 +220,43 @@ def decode_roofline(model: TorchModel, device, dtype, n_tokens: int, graphs: boo
     return res
 
 
+def decode_vs_static(model: TorchModel, device, dtype, batches=(1, 8, 64), prompt_len: int = 128,
+                     n_tokens: int = 256) -> list[dict]:
+    """Issue 36's small-batch target, one process, the same weights: seconds per decode step of the engine (CUDA
+    graphs; ``batch`` requests of one prompt length decoding together, the median inter-token latency) against
+    gpt-fast's static-cache loop eager and compiled (``benchmarks/_static_decode.py``), and the weight-read
+    roofline at the HBM copy bandwidth the hardware suite measured (or the datasheet's where none is recorded)."""
+    from ._static_decode import static_greedy
+    cfg = model.config
+    bpp = torch.finfo(dtype).bits // 8
+    read = (cfg.n_params() - cfg.vocab_size * cfg.d_model) * bpp
+    rows = []
+    for b in batches:
+        prompts = [[(7 * i + j) % (cfg.vocab_size - 1) + 1 for j in range(prompt_len)] for i in range(b)]
+        runner = TorchRunner(model, b * (-(-(prompt_len + n_tokens) // 16)) + 1, 16, device=device, dtype=dtype,
+                             cuda_graphs=True, attention=ATTENTION)
+        eng = LLMEngine(runner, runner.num_blocks, 16, cfg.max_seq_len, cfg.vocab_size,
+                        SchedulerConfig(max_num_seqs=b, max_num_batched_tokens=max(2048, b * prompt_len)),
+                        enable_prefix_caching=False)
+        runner.prepare(eng.scheduler.config)
+        sp = SamplingParams(max_tokens=n_tokens, ignore_eos=True)
+        eng.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), progress=False)  # warm
+        outs = eng.generate(prompts, sp, progress=False)
+        engine_s = float(np.median([t for o in outs for t in o.itl]))
+        del eng, runner
+        row = {"policy": "decode_vs_static", "batch": b, "prompt_len": prompt_len, "new_tokens": n_tokens,
+               "engine_step_ms": engine_s * 1e3, "weight_bytes_read_per_step": read}
+        for name, comp in (("static_eager", False), ("static_compiled", True)):
+            _, sec = static_greedy(model, prompts[0], n_tokens, batch=b, compile=comp, timed=True)
+            row[f"{name}_step_ms"] = sec * 1e3
+        row["engine_vs_compiled"] = row["static_compiled_step_ms"] / row["engine_step_ms"]
+        row["roofline_step_ms_issue_bw"] = read / (ISSUE_ROOFLINE_TBPS * 1e12) * 1e3
+        row["engine_fraction_of_roofline"] = row["roofline_step_ms_issue_bw"] / row["engine_step_ms"]
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
     """Where a batch-1 decode step's time goes: top ops by device time and by host time (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -296,7 +333,8 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, for a CPU check of the script")
     ap.add_argument("--parts", nargs="+", default=["continuous", "static", "hf", "roofline", "profile"],
-                    help="also: spec (engine with prompt-lookup speculation at batch 1/8/64)")
+                    help="also: spec (engine with prompt-lookup speculation at batch 1/8/64), gptfast (the engine "
+                         "against gpt-fast's compiled static-cache loop at batch 1/8/64)")
     ap.add_argument("--attention", default="triton", choices=["triton", "torch"])
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (one model per process)")
     args = ap.parse_args(argv)
@@ -354,6 +392,11 @@ def main(argv=None):
             results["runs"].append(tag | {"policy": "batch1_decode"} | r)
             print(name, "b=1 decode", round(r["tok_per_s"]), "tok/s", flush=True)
             save()
+        if "gptfast" in args.parts:
+            for r in decode_vs_static(model, device, dtype, batches=(1, 2) if args.smoke else (1, 8, 64),
+                                      prompt_len=8 if args.smoke else 128, n_tokens=8 if args.smoke else 256):
+                results["runs"].append(tag | r)
+                save()
         if "profile" in args.parts:
             for graphs in (False, True):
                 r = profile_decode(model, device, dtype, graphs)

@@ -141,3 +141,24 @@ def test_every_record_a_chapter_names_exists():
     assert len(calls) > 20  # (the pattern still finds the chapters' and lab pages' reads)
     for name, record in sorted(calls):
         assert load_result(name, record)["meta"], (name, record)
+
+
+def test_static_greedy_matches_cached_decode_in_every_row():
+    """The gpt-fast-style baseline of the serving suite computes the model (else its speed means nothing): its
+    greedy tokens equal the NumPy cached decoder's, float32, in each row of a batch of 3."""
+    torch = pytest.importorskip("torch")
+    from benchmarks._static_decode import StaticDecoder, static_greedy
+    from minillm import load_model
+    from minillm.decode import cached_decode
+    from minillm.torch_model import TorchModel
+
+    tiny = load_model("tiny")
+    prompt = list(b"def main(argv):\n")
+    want = list(cached_decode(tiny, prompt, 24).tokens[len(prompt):])
+    got, _ = static_greedy(TorchModel.from_numpy(tiny.config, tiny.params), prompt, 24, batch=1)
+    assert got == want
+    dec = StaticDecoder(TorchModel.from_numpy(tiny.config, tiny.params), 3, len(prompt) + 1)
+    with torch.inference_mode():
+        for i, t in enumerate(prompt):
+            nxt = dec(torch.full((3,), t), torch.tensor([i]))
+    assert nxt.tolist() == [want[0]] * 3
