@@ -49,7 +49,8 @@ def _imported(tree) -> set[str]:
 
 # import name -> the distribution that provides it, for every third-party module the chapters import
 DISTRIBUTION = {"numpy": "numpy", "torch": "torch", "triton": "triton", "matplotlib": "matplotlib",
-                "ipywidgets": "ipywidgets", "anywidget": "anywidget", "traitlets": "traitlets"}
+                "ipywidgets": "ipywidgets", "anywidget": "anywidget", "traitlets": "traitlets",
+                "openai": "openai"}  # chapter 8's client of the server (python -m minillm.serve: fastapi, uvicorn)
 
 
 def test_notebook_extra_has_what_the_chapters_import_and_no_book_toolchain():
