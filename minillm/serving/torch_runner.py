@@ -91,16 +91,38 @@ class TorchRunner:
     # chunks replay a graph per padded token count: the batch is padded to ``mixed_seqs`` sequences and a
     # bucket of tokens, the extra rows write to the spare block and their outputs are dropped, and the varlen
     # kernel's grid depends only on those two sizes, so one graph serves every step that fits its bucket.
+    # The static buffers of a graph are views into two flat device tensors (int64: ids, positions, slots, logits
+    # rows; int32: block tables, lengths, cu_seqlens), each with a pinned host twin: a step's metadata is written
+    # into the host twins with NumPy and crosses in two copies, not a dozen small copies and fills.
+    _I64 = ("ids", "pos", "slots", "last")
+    _I32 = ("tables", "lens", "cu")
+
     def _static(self, n_tok: int, n_seq: int, n_rows: int | None = None) -> dict:
-        dev = self.device
         n_rows = n_seq if n_rows is None else n_rows
-        return dict(ids=torch.zeros(n_tok, dtype=torch.long, device=dev),
-                    pos=torch.zeros(n_tok, dtype=torch.long, device=dev),
-                    slots=torch.full((n_tok,), self.trash_slot, dtype=torch.long, device=dev),
-                    tables=torch.full((n_seq, self.max_blocks), self.num_blocks, dtype=torch.int32, device=dev),
-                    lens=torch.ones(n_seq, dtype=torch.int32, device=dev),
-                    cu=torch.arange(n_seq + 1, dtype=torch.int32, device=dev),
-                    last=torch.zeros(n_rows, dtype=torch.long, device=dev))
+        sizes = dict(ids=n_tok, pos=n_tok, slots=n_tok, last=n_rows, tables=n_seq * self.max_blocks, lens=n_seq,
+                     cu=n_seq + 1)
+        st = {"host": {}, "pairs": [], "copied": None}
+        pin = self.device.type == "cuda"
+        for names, dtype in ((self._I64, torch.long), (self._I32, torch.int32)):
+            n = sum(sizes[k] for k in names)
+            dev, host = torch.empty(n, dtype=dtype, device=self.device), torch.empty(n, dtype=dtype, pin_memory=pin)
+            st["pairs"].append((host, dev))
+            for k, d, h in zip(names, dev.split([sizes[k] for k in names]), host.split([sizes[k] for k in names])):
+                st[k], st["host"][k] = d, h.numpy()
+        st["tables"] = st["tables"].view(n_seq, self.max_blocks)
+        st["host"]["tables"] = st["host"]["tables"].reshape(n_seq, self.max_blocks)
+        h = st["host"]
+        h["ids"][:], h["pos"][:], h["slots"][:], h["last"][:] = 0, 0, self.trash_slot, 0
+        h["tables"][:], h["lens"][:], h["cu"][:] = self.num_blocks, 1, np.arange(n_seq + 1)
+        self._upload(st)
+        return st
+
+    def _upload(self, st: dict) -> None:
+        for host, dev in st["pairs"]:
+            dev.copy_(host, non_blocking=True)
+        if self.device.type == "cuda":  # the host twins are written again only once these copies are done
+            st["copied"] = torch.cuda.Event()
+            st["copied"].record()
 
     def _forward_static(self, st: dict, attn):
         return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
@@ -111,25 +133,26 @@ class TorchRunner:
         """Copy a step into padded static buffers; padding sequences take 1 token each, the last takes the rest."""
         S, T = batch.num_seqs, batch.num_tokens
         n_tok, n_seq = st["ids"].shape[0], st["lens"].shape[0]
-        ids, pos, slots, tables, lens, cu = self._tensors(batch)
-        st["ids"][:T].copy_(ids if input_ids is None else input_ids)
-        st["pos"][:T].copy_(pos)
-        st["pos"][T:].zero_()
-        st["slots"][:T].copy_(slots)
-        st["slots"][T:].fill_(self.trash_slot)
-        st["tables"][:S, :tables.shape[1]].copy_(tables)
-        st["tables"][S:].fill_(self.num_blocks)
+        if st["copied"] is not None:
+            st["copied"].synchronize()
+        h = st["host"]
+        for k, a, pad in (("ids", batch.input_ids, 0), ("pos", batch.positions, 0),
+                          ("slots", batch.slot_mapping, self.trash_slot)):
+            h[k][:T], h[k][T:] = a, pad
+        bt = batch.block_tables
+        h["tables"][:S, :bt.shape[1]], h["tables"][:S, bt.shape[1]:], h["tables"][S:] = bt, self.num_blocks, \
+            self.num_blocks
         pad_q = np.ones(n_seq - S, np.int64)
         if n_seq > S:
             pad_q[-1] = n_tok - T - (n_seq - S - 1)
-        qlens = np.concatenate([batch.num_new, pad_q])
-        cu_h = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
-        lens_h = np.concatenate([batch.context_lens, pad_q]).astype(np.int32)
-        st["cu"].copy_(torch.from_numpy(cu_h))
-        st["lens"].copy_(torch.from_numpy(lens_h))
+        h["cu"][0] = 0
+        h["cu"][1:] = np.cumsum(np.concatenate([batch.num_new, pad_q]))
+        h["lens"][:S], h["lens"][S:] = batch.context_lens, pad_q
         rows = batch.logits_rows                 # each sequence's last row, or all rows of a speculating one
-        st["last"][:len(rows)].copy_(torch.from_numpy(rows))
-        st["last"][len(rows):].zero_()
+        h["last"][:len(rows)], h["last"][len(rows):] = rows, 0
+        self._upload(st)
+        if input_ids is not None:                # a draft model's own tokens, already on the device
+            st["ids"][:T].copy_(input_ids)
         return len(rows)
 
     def _capture(self, key, n_tok: int, n_seq: int, attn):
