@@ -116,9 +116,11 @@ def split_bounds_by_count(n: int, splits: int, tile: int = 1) -> list[int]:
 def split_bounds_by_size(n: int, size: int) -> list[int]:
     """Boundaries of ``n`` keys cut every ``size`` keys: 0, size, 2*size, ..., n. The cuts of key position p
     are the same whatever else is in the batch."""
+    # BEGIN SOLUTION
     if size < 1:
         raise ValueError(f"split size must be >= 1, got {size}")
     return list(range(0, n, size)) + [n] if n else [0, 0]
+    # END SOLUTION
 
 
 def gpu_split_count(batch: int, hkv: int, max_len: int, sms: int) -> int:
@@ -150,6 +152,7 @@ def rmsnorm_reference(x, w, eps: float = 1e-5, block: int = RMSNORM_BLOCK) -> np
     """RMSNorm of each row of x (R, D): the sum of squares in float32, ``block`` elements at a time in order
     (each block's sum in float64, rounded once), then (x / rms) rounded to x's dtype, times w -- the torch
     model's ``_rms``. Row r's bits depend on row r only."""
+    # BEGIN SOLUTION
     x, w = np.asarray(x), np.asarray(w)
     acc_t = np.result_type(np.float32, x.dtype)
     xf = x.astype(acc_t)
@@ -159,12 +162,14 @@ def rmsnorm_reference(x, w, eps: float = 1e-5, block: int = RMSNORM_BLOCK) -> np
     r = (1.0 / np.sqrt(ss.astype(np.float64) / x.shape[-1] + eps)).astype(acc_t)
     y = (xf * r[..., None]).astype(x.dtype)
     return (y.astype(acc_t) * w.astype(acc_t)).astype(x.dtype)
+    # END SOLUTION
 
 
 def _attend_pieces(q, k, v, bounds, scale, acc_t):
     """One query row group (G, D) against keys (n, D) cut at ``bounds``: each piece's partial (m, l, o) in
     ``acc_t`` (computed in float64, rounded once), merged left to right through their maxima -- the merge of
     chapter 5. Pieces past the last visible key are empty and weigh nothing."""
+    # BEGIN SOLUTION
     G = q.shape[0]
     m = np.full(G, -np.inf, acc_t)
     l = np.zeros(G, acc_t)
@@ -184,6 +189,7 @@ def _attend_pieces(q, k, v, bounds, scale, acc_t):
         l = (l * a + l_p * b).astype(acc_t)
         m = m_new
     return o / l[:, None]
+    # END SOLUTION
 
 
 def attention_reference(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale: float | None = None,

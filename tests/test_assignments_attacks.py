@@ -245,6 +245,43 @@ def test_canaries_catch_forged_checks(tmp_path, no_policy_module):
     assert any("numpy.testing.assert_allclose was replaced" in t or "canary" in t for t in report["tampered"])
 
 
+FORGE = """
+import json, os, hashlib
+log = os.environ.get("MINILLM_GRADE_LOG")
+if log:
+    tests = [t["id"] for line in open(log) for t in json.loads(line).get("tests", [])]
+    with open(log, "a") as f:
+        for t in tests:
+            passed = not t.startswith("zz_integrity")
+            f.write(json.dumps({"event": "result", "id": t, "outcome": "passed" if passed else "failed",
+                                "message": "", "details": "", "duration": 0.0, "exc": None, "frames": []}) + "\\n")
+            if FAKE_TRACES and os.environ.get("MINILLM_GRADE_TRACES"):
+                name = hashlib.sha1(t.encode()).hexdigest() + ".json"
+                with open(os.path.join(os.environ["MINILLM_GRADE_TRACES"], name), "w") as g:
+                    g.write(json.dumps({"events": [], "error": None}))
+    os._exit(0)
+return 0
+"""
+
+
+@pytest.mark.parametrize("fake_traces", [False, True])
+def test_forged_result_records_score_zero(tmp_path, no_policy_module, fake_traces):
+    """With the rules switched off, a body that writes a "passed" record for every test (and "failed" for the
+    canaries) into the child's result log and exits: the old grader took the child's word (full marks). Now the
+    parent decides from values: a "passed" with no recorded values is a forged record (score 0); with empty
+    traces forged too, the trusted replay finds no values where the tests need them and nothing passes."""
+    tree = _tree(tmp_path, 3)
+    _set_body(tree, "sizing.py", "gqa_kv_bytes", f"FAKE_TRACES = {fake_traces}\n" + FORGE)
+    report = grade(tree, 3)
+    assert report["score"] == 0 and report["bonus"] == 0 and report["total"] > 0
+    if fake_traces:
+        assert report["passed"] == 0
+        assert all("recorded no values" in t["message"] or "not in the child" in t["message"]
+                   or "assignment 3" in t["message"] for t in report["tests"]), report["tests"]
+    else:
+        _zero(report, "forged result record")
+
+
 @pytest.fixture
 def no_policy_module(monkeypatch):
     monkeypatch.setattr(splice_module, "policy_violations", lambda *a, **k: [])

@@ -88,6 +88,21 @@ if trials.size:
     tokens[trials] = resample(p[uniq], group.reshape(-1), trials)
 return accept, tokens
 """),
+    "RMSNorm in float64, rounded once": (10, "batch_invariant.py", "rmsnorm_reference", """
+x, w = np.asarray(x), np.asarray(w)
+x64 = x.astype(np.float64)
+y = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + eps) * w.astype(np.float64)
+return y.astype(x.dtype)
+"""),
+    "attention split by a count, not a size": (10, "batch_invariant.py", "split_bounds_by_size", """
+if size < 1:
+    raise ValueError(f"split size must be >= 1, got {size}")
+if n == 0:
+    return [0, 0]
+count = -(-n // size)
+step = -(-n // count)
+return list(range(0, n, step)) + [n]
+"""),
 }
 
 

@@ -57,6 +57,8 @@ GRACE_S = 15.0       # the watchdog's margin over the in-process alarm
 STARTUP_S = 120.0    # longest a fresh pytest process may take to reach its first test
 MEMORY_MB = 8192     # default address-space limit of a test process (RLIMIT_AS); the reference needs under 2 GB
 CANARY = "zz_integrity.py"
+REPLAY = "replay.py"       # records the values in the child, replays them where the grader decides
+REPLAY_MIN_S = 120.0       # the trusted replay's own time, past the submission's total cap
 CANARY_SOURCE = '''"""Integrity canaries: they run after the graded tests and must fail. One that passes means the code under test
 changed how results are checked."""
 import numpy as np
@@ -185,7 +187,8 @@ def _read_log(path: Path, offset: int) -> tuple[list[dict], int]:
     return records, offset + len(complete)
 
 
-def _env(work: Path, pythonpath: Path, log: Path, timeout: float, files: list[str], memory_mb: float = 0) -> dict:
+def _env(work: Path, pythonpath: Path, log: Path, timeout: float, files: list[str], memory_mb: float = 0,
+         extra: dict | None = None) -> dict:
     keep = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     env = {k: v for k, v in os.environ.items() if k in keep}
     tmp = work / "tmp"
@@ -195,6 +198,7 @@ def _env(work: Path, pythonpath: Path, log: Path, timeout: float, files: list[st
                MINILLM_GRADE_FILES=os.pathsep.join(files), MINILLM_GRADE_MEMORY_MB=f"{memory_mb:g}",
                MALLOC_ARENA_MAX="2", HOME=str(tmp), TMPDIR=str(tmp),
                TRITON_INTERPRET="1", TRITON_CACHE_DIR=str(tmp / "triton"), PYTHONNOUSERSITE="1")
+    env.update(extra or {})
     return env
 
 
@@ -214,13 +218,13 @@ def _limit_memory(memory_mb: float):
 
 
 def _pytest(work: Path, pythonpath: Path, log: Path, timeout: float, args: list[str], files: list[str],
-            collect_only=False, memory_mb: float = 0):
+            collect_only=False, memory_mb: float = 0, extra: dict | None = None):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(work / "pytest.ini"),
            "--rootdir", str(work), "--continue-on-collection-errors", "-o", "console_output_style=classic"]
     if collect_only:
         cmd.append("--collect-only")
     out = open(work / "output.txt", "w")  # noqa: SIM115 -- closed by the caller once the process ends
-    proc = subprocess.Popen(cmd + args, cwd=work, env=_env(work, pythonpath, log, timeout, files, memory_mb),
+    proc = subprocess.Popen(cmd + args, cwd=work, env=_env(work, pythonpath, log, timeout, files, memory_mb, extra),
                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=_limit_memory(memory_mb))
     return proc, out
@@ -245,10 +249,10 @@ _live: list = []   # test processes of the current grading; killed if the grader
 
 
 def _run(work: Path, tree: Path, args: list[str], files: list[str], timeout: float,
-         deadline: float, memory_mb: float = 0) -> tuple[dict, dict, list[str]]:
+         deadline: float, memory_mb: float = 0, extra: dict | None = None) -> tuple[dict, dict, list[str]]:
     """Run until every collected test has a result or the deadline passes; returns (tests meta, results, errors)."""
     try:
-        return _run_attempts(work, tree, args, files, timeout, deadline, memory_mb)
+        return _run_attempts(work, tree, args, files, timeout, deadline, memory_mb, extra)
     finally:  # an exception or Ctrl-C in the grader must not leave a student's process running
         while _live:
             p = _live.pop()
@@ -256,13 +260,13 @@ def _run(work: Path, tree: Path, args: list[str], files: list[str], timeout: flo
                 _kill(p)
 
 
-def _run_attempts(work, tree, args, files, timeout, deadline, memory_mb=0) -> tuple[dict, dict, list[str]]:
+def _run_attempts(work, tree, args, files, timeout, deadline, memory_mb=0, extra=None) -> tuple[dict, dict, list[str]]:
     meta: dict[str, dict] = {}
     results: dict[str, dict] = {}
     errors: list[str] = []
     for attempt in range(1000):
         log = work / f"log{attempt}.jsonl"
-        proc, out = _pytest(work, tree, log, timeout, args, files, memory_mb=memory_mb)
+        proc, out = _pytest(work, tree, log, timeout, args, files, memory_mb=memory_mb, extra=extra)
         _live.append(proc)
         offset, current, started, killed, finished_at = 0, None, time.time(), None, None
         t_launch = time.time()
@@ -335,6 +339,7 @@ def _workdir(root: Path, name: str, test_files: list[str]) -> Path:
     for test_file in test_files:
         shutil.copy(TESTS_DIR / test_file, work / test_file)
     shutil.copy(TESTS_DIR / SUPPORT, work / SUPPORT)
+    shutil.copy(TESTS_DIR / REPLAY, work / REPLAY)
     (work / ORACLES).write_text(oracles_source())
     (work / CANARY).write_text(CANARY_SOURCE)
     (work / "pytest.ini").write_text(PYTEST_INI.replace("testpaths = tests\n", ""))
@@ -404,8 +409,13 @@ def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeou
             for f, text in sources.items():
                 (tree / f).write_text(text)
             work = _workdir(root, "run", [a.public_tests, a.grader_tests])
+            traces = root / "traces"
+            traces.mkdir()
+            calls = ",".join(a.replay_calls)
             meta, results, errors = _run(work, tree, [a.public_tests, a.grader_tests, CANARY], files, timeout,
-                                         deadline, memory_mb)
+                                         deadline, memory_mb,
+                                         {"MINILLM_GRADE_TRACES": str(traces), "MINILLM_GRADE_CALLS": calls})
+            results = _decide(a, root, meta, results, traces, calls, timeout, deadline, memory_mb, errors)
         if rejected is not None or errors or not meta:
             for tid, t in _canonical_tests(root, a).items():
                 meta.setdefault(tid, t)
@@ -413,6 +423,45 @@ def grade(student_dir, number, out_dir=None, timeout: float = 60.0, total_timeou
     if out_dir is not None:
         write_reports(report, out_dir)
     return report
+
+
+def _decide(a: Assignment, root: Path, meta: dict, results: dict, traces: Path, calls: str, timeout: float,
+            deadline: float, memory_mb: float, errors: list[str]) -> dict:
+    """The parent decides: every test the child reports as passed runs again in a trusted process (the package
+    with this assignment's bodies stubbed: none of the student's lines) on the values the child recorded
+    (replay.py). It passes only if it passes there. A "passed" with no recorded values is a forged result."""
+    claimed = [tid for tid, r in results.items() if r.get("outcome") == "passed" and tid.split("::")[0] != CANARY
+               and tid in meta]
+    if not claimed:
+        return results
+    out = dict(results)
+    forged = [tid for tid in claimed
+              if not (traces / (hashlib.sha1(tid.encode()).hexdigest() + ".json")).is_file()]
+    for tid in forged:
+        out[tid] = dict(results[tid], outcome="tampered",
+                        message="the test process reported a result for a test it recorded no values for "
+                                "(a forged result record)", exc=None, frames=[])
+    todo = [tid for tid in claimed if tid not in forged]
+    if not todo:
+        return out
+    trusted = root / "trusted"
+    write_package(trusted / "minillm", grading_stubs(a))
+    work = _workdir(root, "replay", [a.public_tests, a.grader_tests])
+    _, replayed, replay_errors = _run(work, trusted, todo, [], timeout, max(deadline, time.time() + REPLAY_MIN_S),
+                                      memory_mb, {"MINILLM_GRADE_REPLAY": str(traces), "MINILLM_GRADE_CALLS": calls})
+    errors += [f"replay: {e}" for e in replay_errors]
+    for tid in todo:
+        p = replayed.get(tid)
+        if p is not None and p.get("outcome") == "passed":
+            continue
+        why = (p or {}).get("message") or "the trusted replay did not run"
+        exc = (p or {}).get("exc")
+        diverged = bool(exc) and exc.get("type") == "Divergence"
+        message = ("your code's results could not be checked: " if diverged else
+                   "the values your code returned fail the check: ") + why
+        out[tid] = dict(results[tid], outcome="failed", message=message, details=(p or {}).get("details", ""),
+                        exc=exc and dict(exc, raised_in_student_code=False), frames=[], replayed=True)
+    return out
 
 
 def _secrets(a: Assignment) -> list[str]:
@@ -460,6 +509,8 @@ def _student_message(t: dict, r: dict, kind: str, secrets: list[str]) -> str:
             msg = "AssertionError: the result is wrong" + (f" ({t['doc']})" if t.get("doc") else "")
         return msg
     clean = sanitize(etext, secrets)
+    if etype == "Divergence":
+        return "your code's results could not be checked" + (f": {clean}" if clean else "")
     if exc.get("raised_in_student_code"):
         return f"{etype} raised in your code" + (f": {clean}" if clean else "")
     if etype == "AssertionError":

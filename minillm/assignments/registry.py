@@ -5,6 +5,12 @@ Adding an assignment (the scheduler step, the rejection sampler, ...) takes thre
 :class:`Assignment` entry below, and two test files ``tests/aNN_public.py`` and
 ``tests/aNN_grader.py`` next to this module. The generator refuses a marker that no entry
 claims, and an entry whose function has no marker.
+
+The grader decides from values (``tests/replay.py``): the tests run on the student's code in a child process that
+records what every graded function returns, and again in a trusted process that replays those values. A test
+must therefore reach the student's code only through the graded functions (or, for a Triton kernel, through
+its launcher, listed in ``launchers``), and an object it inspects afterwards must be plain data or an instance
+of a class importable from the package or a test module (not a class defined inside a test function).
 """
 from __future__ import annotations
 
@@ -41,6 +47,15 @@ class Assignment:
     reveals: tuple[tuple[str, str], ...] = ()  # (path, qualname) of given code that would hand out this assignment's
                                                # solution: stubbed in every tree (student or grading) that stubs it
     forbid: tuple[str, ...] = ()     # names its bodies may not use (a given helper that does the graded step)
+    launchers: tuple[tuple[str, str], ...] = ()  # (path, qualname) of the given functions that launch its graded
+                                                 # Triton kernels: the grader records their results in the child
+                                                 # and replays them where it decides (a kernel cannot be wrapped)
+
+    @property
+    def replay_calls(self) -> list[str]:
+        """``module:qualname`` of every call whose results the child records and the trusted process replays."""
+        mod = lambda path: "minillm." + path[:-3].replace("/", ".")  # noqa: E731
+        return [f"{mod(p.path)}:{p.qualname}" for p in self.parts] + [f"{mod(p)}:{q}" for p, q in self.launchers]
 
     @property
     def files(self) -> list[str]:
@@ -137,7 +152,8 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "huge logits; the kernel matches NumPy in the interpreter.",
         "Benchmark the kernel against torch.softmax on a GPU for row widths 1k-64k (target: within 10% of "
         "torch at 8k columns).", needs_triton=True,
-        reveals=(("explorables.py", "online_softmax_steps"),)),
+        reveals=(("explorables/__init__.py", "online_softmax_steps"),),
+        launchers=(("kernels/softmax.py", "softmax"),)),
     Assignment(
         6, "FlashAttention: tiled forward in NumPy and Triton (backward as a stretch)",
         "chapters/06_flash_attention",
@@ -162,7 +178,7 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         needs_triton=True,
         reveals=(("kernels/flash_hopper.py", "_fwd_inner_tma"), ("kernels/flash_hopper.py", "_fwd_resume_kernel"),
                  ("kernels/flash_backward.py", "_bwd_dq_inner"), ("kernels/batch_invariant.py", "_step")),
-        forbid=("softmax_step",)),
+        forbid=("softmax_step",), launchers=(("kernels/flash_attention.py", "flash_attention"),)),
     Assignment(
         7, "Paged attention: block allocator, copy-on-write and the paged decode kernel",
         "chapters/07_paged_attention",
@@ -203,7 +219,8 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "Benchmark the paged decode kernel against contiguous decode attention on a GPU (target: within "
         "15% at block size 16, batch 16, 4k tokens).", needs_triton=True,
         reveals=(("kernels/paged_prefill.py", "_varlen_inner"), ("kernels/batch_invariant.py", "_attention_kernel"),
-                 ("kernels/flash_hopper.py", "_fwd_inner_tma"))),
+                 ("kernels/flash_hopper.py", "_fwd_inner_tma")),
+        launchers=(("kernels/paged_attention.py", "paged_attention"),)),
     Assignment(
         8, "The scheduler step: token budget, chunked prefill, preemption", "chapters/08_continuous_batching",
         "Write the step that makes continuous batching work: which sequences run next and how many of their "
@@ -247,6 +264,30 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
         "num_speculative_tokens=..., speculative_model=...) with the torch runner) and explain from those "
         "times why prompt lookup beats the draft model at batch 1 (chapter 9 prints the book's recorded times).",
         reveals=(("torch_sampling.py", "verify_batch"),)),
+    Assignment(
+        10, "Batch invariance: a fixed reduction order for RMSNorm and a fixed split size for attention",
+        "chapters/11_batch_invariance",
+        "Make a row's result a function of that row alone: an RMSNorm whose sum of squares adds in one fixed "
+        "order whatever the batch, and split-K attention cut at a fixed split SIZE and merged in order, so a "
+        "row computes the same bits alone, in any batch, as a decode, a verify or a prefill row.",
+        (Part("batch_invariant.py", "rmsnorm_reference",
+              "the sum of squares in a float32 accumulator (the result type of float32 and x's dtype), block "
+              "elements at a time in order: each block's sum of squares in float64, rounded once, added to the "
+              "accumulator and rounded again; then r = 1 / sqrt(ss / D + eps) rounded to the accumulator type, "
+              "y = x * r rounded to x's dtype, times w, back to x's dtype"),
+         Part("batch_invariant.py", "split_bounds_by_size",
+              "cuts every size keys: 0, size, 2*size, ..., n ([0, 0] for n = 0); size < 1 is a ValueError"),
+         Part("batch_invariant.py", "_attend_pieces",
+              "for each non-empty piece [lo, hi): scores in float64 times scale, the piece's max, exp, its l and "
+              "o rounded to acc_t once; merge into the running (m, l, o) left to right: rescale both by exp(m_old "
+              "- m_new) and exp(m_piece - m_new) (0 while nothing is merged), in acc_t; return o / l")),
+        (2, 4),
+        "A row's RMSNorm and attention output are bit-identical alone and inside batches of any size and "
+        "composition (and a decode row equals the same row inside a prefill chunk), close to float64, and the "
+        "RMSNorm's bits are those of its stated order: a float32 accumulator, one block at a time.",
+        "Run chapter 11's batch-invariant Triton kernels (rmsnorm_bi, attention_bi) compiled on a GPU in bf16: "
+        "check a row alone against the same row in batches of 1-64 bit for bit, and time them against the "
+        "default kernels (chapter 11 prints the book's recorded cost of the mode)."),
 )}
 
 
