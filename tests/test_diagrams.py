@@ -31,6 +31,7 @@ def test_every_diagram_draws_with_its_defaults(name, tmp_path):
     assert isinstance(fig, Figure)
     assert texts(fig), "a diagram without any label"
     fig.savefig(tmp_path / f"{name}.png", dpi=40)        # the layout engine runs without error
+    assert fig._repr_png_().startswith(b"\x89PNG")      # a notebook stores a picture, pyplot imported or not
 
 
 def test_autoregressive_loop_counts_positions():
@@ -82,6 +83,10 @@ def test_kv_bytes_vs_context_labels_models_and_gpus():
     assert f"H100 SXM: {GPUS['H100 SXM'].memory_bytes / GIB:.1f} GiB" in joined(fig)
     fp8 = diagrams.kv_bytes_vs_context(models=("Llama 3.1 8B",), gpus=(), max_context=32768, cache_dtype="fp8")
     assert f"Llama 3.1 8B: {want / 2:,.1f} GiB" in joined(fp8)
+    ax = diagrams.kv_bytes_vs_context().axes[0]           # the log axis holds every line (lower limit > 0)
+    low, high = ax.get_ylim()
+    lines = [y for line in ax.get_lines() if line.get_gid() == "model-line" for y in line.get_ydata()]
+    assert 0 < low <= min(lines) and max(lines) <= high
 
 
 def test_hbm_round_trips_bytes_from_the_traffic_model():

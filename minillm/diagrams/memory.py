@@ -76,9 +76,11 @@ def kv_bytes_vs_context(models=("Llama 3.1 8B", "Llama 3.1 70B", "Llama 3.1 405B
     if contexts[-1] != max_context:
         contexts = np.append(contexts, max_context)
     fig, ax = new_figure(7.5, 4.2)
+    lowest = np.inf
     for i, name in enumerate(models):
         spec = MODELS[name]
         gib = np.array([spec.kv_bytes(int(spec.cached_tokens(int(n))), per, batch) for n in contexts]) / GIB
+        lowest = min(lowest, gib.min())
         role = "compute" if spec.attention != "MLA" else "chip"
         ax.plot(contexts, gib, _LINE_STYLES[i % len(_LINE_STYLES)], color=color(role), lw=1.8, marker="o",
                 ms=3, label=f"{name} ({spec.attention})", gid="model-line")
@@ -90,9 +92,9 @@ def kv_bytes_vs_context(models=("Llama 3.1 8B", "Llama 3.1 70B", "Llama 3.1 405B
         ax.text(contexts[0], mem * 1.06, f"{gpu}: {mem:.1f} GiB", fontsize=FONT["small"], color=color("waste"),
                 va="bottom")
     top = max([GPUS[g].memory_bytes / GIB for g in gpus] + [ax.get_ylim()[1]])
-    ax.set_ylim(top=top * 2.5)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set_yscale("log")                 # before the limits: a linear lower limit may be <= 0 (lines squashed)
+    ax.set_ylim(bottom=lowest / 2, top=top * 2.5)
     ax.set_xticks(contexts)
     ax.set_xticklabels([f"{n // 1024}K" if n % 1024 == 0 else f"{n / 1024:.1f}K" for n in contexts],
                        fontsize=FONT["small"])

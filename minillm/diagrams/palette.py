@@ -75,12 +75,26 @@ def int_list(name: str, values, *, at_least: int = 1, max_len: int | None = None
 
 
 # ---- drawing ---------------------------------------------------------------------------------------------
-def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw):
-    """A Figure not registered with pyplot (no global state; a notebook shows the returned object once), with
-    its Axes: one, or an array for several."""
+def figure(**kw):
+    """A Figure not registered with pyplot (no global state) that a notebook shows as a PNG by itself: its
+    ``_repr_png_`` draws it, so the picture is stored even before the notebook has imported pyplot (whose inline
+    backend is what otherwise renders a Figure; without it a cell stores only the text ``<Figure ...>``)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout=kw.pop("layout", "constrained"))
+    class DiagramFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            import io
+
+            buf = io.BytesIO()
+            self.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+            return buf.getvalue()
+
+    return DiagramFigure(**kw)
+
+
+def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw):
+    """A :func:`figure` with its Axes: one, or an array for several."""
+    fig = figure(figsize=(width, height), layout=kw.pop("layout", "constrained"))
     axes = fig.subplots(nrows, ncols, squeeze=True, **kw)
     return fig, axes
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .palette import COLORS, FONT, blank, box, color, label, new_figure, positive_int, title
+from .palette import COLORS, FONT, blank, box, color, figure, label, new_figure, positive_int, title
 
 
 def _default_round(k: int, vocab: int, seed: int):
@@ -93,9 +93,7 @@ def draft_verify_round(k: int = 4, vocab: int = 6, seed: int = 3, p=None, q=None
 
 
 def _figure(k, shown, vocab):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(max(8.0, 3.3 * shown), 4.8), layout="constrained")
+    fig = figure(figsize=(max(8.0, 3.3 * shown), 4.8), layout="constrained")
     grid = fig.add_gridspec(2, shown, height_ratios=[0.8, 1.2])
     fig.add_subplot(grid[0, :])
     for i in range(shown):
