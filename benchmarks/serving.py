@@ -28,7 +28,7 @@ import torch
 
 
 import minillm.kernels  # noqa: F401  (first: it decides interpreter vs compiled before triton loads)
-from minillm.model import ModelConfig, load_model
+from minillm.model import LLAMA_1B, ModelConfig, load_model
 from minillm.serving import LLMEngine, SamplingParams, SchedulerConfig
 from minillm.serving.torch_runner import TorchRunner
 from minillm.studies.fragmentation import chat_trace
@@ -38,8 +38,6 @@ from ._common import command, keep_earlier
 
 RECORD = "serving"  # the record a plain run writes
 
-LLAMA_1B = ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
-                       max_seq_len=2048, rope_theta=500000.0)
 H200_HBM_TBPS = 4.8          # datasheet peak, TB/s
 ISSUE_ROOFLINE_TBPS = 4.3    # the issue's "achievable" bandwidth for its 1,430 tok/s target
 

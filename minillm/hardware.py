@@ -126,7 +126,7 @@ GPUS: dict[str, GPUSpec] = {
         "(same GH100 chip). L2 is not the H100 SXM's: 60 MiB (62,914,560 bytes) and 132 SMs as the CUDA device "
         "query (torch.cuda.get_device_properties: L2_cache_size, multi_processor_count) reported on the book's "
         "H200, recorded in benchmarks/results/hardware_h200.json (meta l2_bytes, sm_count).",
-        "recorded on this book's H200: total_memory_bytes in minillm/results/hardware_h200.json "
+        "recorded on this book's H200: total_memory_bytes in benchmarks/results/hardware_h200.json "
         "(torch.cuda.get_device_properties(0).total_memory)"),
     "B200": GPUSpec(
         "B200", round(178.35 * GiB), 180, "HBM3e", 8000 * GB, 148, 256 * KiB, 228 * KiB, 126 * MiB, 2.25e15,

@@ -1,11 +1,8 @@
 """The runners' step-cost model: which weights one step reads and multiplies by."""
 import numpy as np
 
-from minillm.model import Model, ModelConfig, StepOps, init_params
+from minillm.model import LLAMA_1B, Model, ModelConfig, StepOps, init_params
 from minillm.serving import StepCost
-
-LLAMA_1B = ModelConfig(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, d_ff=8192,
-                       max_seq_len=4096, rope_theta=500000.0)
 
 
 def test_step_cost_for_model_reads_the_lm_head_and_not_the_embedding_table():

@@ -164,7 +164,10 @@ def test_site_page_logs_no_console_error(server, browser, page):
 
 EXPLORABLES = [("chapters/03_memory_tax", "sizing", "double-context"),
                ("chapters/05_online_softmax", "online-softmax", "next"),
-               ("chapters/07_paged_attention", "paged-allocator", "next")]
+               ("chapters/06_flash_attention", "tile-schedule", "next"),
+               ("chapters/07_paged_attention", "paged-allocator", "next"),
+               ("chapters/09_speculative_decoding", "speculation-cost", "k-up"),
+               ("chapters/10_composed_stack", "frontier", "double-batch")]
 
 
 @pytest.mark.parametrize("page, name, action", EXPLORABLES)

@@ -8,6 +8,10 @@ arrays saved in the notebook, so they run in the reader's browser with no kernel
 * ``sizing_explorable`` (chapter 3): KV-cache bytes per token and per sequence for a model's published
   attention (MHA/GQA/MQA/MLA) against full MHA, and how many sequences fit on a set of GPUs.
 
+and one module per later chapter's explorable: :mod:`.tiles` (chapter 6, FlashAttention's tile schedule),
+:mod:`.speculation` (chapter 9, the draft-verify cost model) and :mod:`.frontier` (chapter 10, the
+latency-throughput frontier); :mod:`._base` holds what they all share.
+
 The data (scores, the scenario, the model table) are computed here in Python and saved with the widget;
 the JavaScript (``_esm``) recomputes everything else in the page. anywidget is imported lazily:
 ``import minillm`` needs NumPy only, and where anywidget is missing (a bare Colab) each function prints a
