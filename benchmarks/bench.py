@@ -30,6 +30,8 @@ SUITES = {
     "serving": "continuous vs static batching, HF generate, the batch-1 roofline, a step profile (chapter 8)",
     "speculative": "speculative decoding in the engine: draft model and prompt lookup, batch 1 to 64 (chapters 9, 10)",
     "composed": "the composed stack, one technique at a time; --study: the bf16 study (chapter 10)",
+    "serving_client": "the OpenAI-compatible server under Poisson load at a sweep of rates, measured from the "
+                      "client: TTFT, TPOT, ITL, E2E percentiles and goodput (chapter 8)",
     "batch_invariant": "batch-invariant mode: each kernel and the engine with the mode off and on, and the share of "
                        "outputs identical alone and batched (chapter 11)",
 }

@@ -7,6 +7,7 @@
 #   run(command="bash benchmarks/gpu_session.sh paged")           # chapter 7
 #   run(command="bash benchmarks/gpu_session.sh serving")         # chapter 8: the tiny model, then the 1B shape
 #   run(command="bash benchmarks/gpu_session.sh decode-b1")       # chapter 8: small-batch decode vs gpt-fast's loop
+#   run(command="bash benchmarks/gpu_session.sh serving-client")  # chapter 8: the server under load, from a client
 #   run(command="bash benchmarks/gpu_session.sh speculative")     # chapters 9, 10: the benchmark, then the engine's
 #   run(command="bash benchmarks/gpu_session.sh composed")        # chapter 10: the float32 ladder, both models
 #   run(command="bash benchmarks/gpu_session.sh composed-study")  # chapter 10: the bf16 study
@@ -68,6 +69,8 @@ serving)  # one model per process, both in the one record
   suite 290 serving --models llama1b --hf-requests 64 --append ;;
 decode-b1)  # the engine against the compiled static-cache loop at batch 1/8/64, and the step profile
   suite 580 serving --models llama1b --parts gptfast roofline profile --record decode_small_batch ;;
+serving-client)
+  suite 580 serving_client ;;
 speculative)
   suite 420 speculative --parts b1 b1_fp32 1b
   suite 160 speculative --parts engine ;;

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the harness is a checkout's package (not in the wheel)
 
 bench = importlib.import_module("benchmarks.bench")
-SUITES = ("hardware", "flash", "paged", "serving", "speculative", "composed", "batch_invariant")
+SUITES = ("hardware", "flash", "paged", "serving", "speculative", "composed", "serving_client", "batch_invariant")
 
 
 def _harness(*args, cwd=ROOT):
@@ -162,3 +162,18 @@ def test_static_greedy_matches_cached_decode_in_every_row():
         for i, t in enumerate(prompt):
             nxt = dec(torch.full((3,), t), torch.tensor([i]))
     assert nxt.tolist() == [want[0]] * 3
+
+
+def test_serving_client_smoke_serves_every_request_at_every_rate(tmp_path):
+    """The serving_client suite end to end on CPU: a real server process, a real HTTP client, a record with
+    each rate's client-side percentiles for every request sent."""
+    pytest.importorskip("fastapi")
+    from benchmarks import serving_client
+
+    out = tmp_path / "sc.json"
+    assert serving_client.main(["--smoke", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert [r["rate"] for r in record["rates"]] == [4.0, float("inf")]
+    for r in record["rates"]:
+        assert r["completed"] == record["meta"]["num_prompts"] and r["failed"] == 0
+        assert 0 < r["ttft"]["median"] <= r["e2e"]["median"]
