@@ -243,8 +243,10 @@ def handout(a: Assignment) -> str:
              f"python handin.py {a.number}           # the public tests (600 s at most), then the zip to hand in",
              "```", "",
              ("The grader runs these public tests and more that you do not see (edge cases, bad inputs, "
-              "property tests, checks that your code has the algorithm's shape), each with a time limit and "
-              "the whole submission with a total time cap. Tests of the core idea come first: the later tests "
+              "property tests, checks that your code has the algorithm's shape), each with a time and a memory "
+              "limit and the whole submission with a total time cap. Your code runs in one process and returns "
+              "its results; the checks run on those results in another, so what your functions return (and "
+              "leave in their arguments) is what is graded. Tests of the core idea come first: the later tests "
               "only count once those pass."), "",
              "## Done means", "", a.done, "",
              f"Time estimate: {a.hours[0]}-{a.hours[1]} hours.", ""]
