@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -126,6 +127,9 @@ def test_site_chapter_renders(server, browser, page):
     assert title and title[0].isdigit(), f"chapter title missing: {title!r}"
     assert browser.title.startswith(title.rstrip("#").strip()[:10])
 
+    shown = browser.find_elements(By.CSS_SELECTOR, "article .reading-time")
+    assert shown and re.match(r"Reading time: about \d+ minutes \([\d,]+ words", shown[0].text), \
+        "no reading time under the chapter's title"
     code_cells = browser.find_elements(By.CSS_SELECTOR, "div.cell div.cell_input")
     outputs = browser.find_elements(By.CSS_SELECTOR, "div.cell div.cell_output")
     assert len(code_cells) >= 5 and len(outputs) >= 5
@@ -143,7 +147,8 @@ def test_site_chapter_renders(server, browser, page):
         assert raw not in text, f"raw LaTeX {raw!r} left on the page"
     if "application/vnd.jupyter.widget-view+json" in browser.page_source:
         # saved widget state must render through the vendored widget manager, with no network
-        assert browser.find_elements(By.CSS_SELECTOR, ".jupyter-widgets"), "widgets did not render"
+        # (an anywidget-only page renders as div.jupyter-widgets-disconnected: no ipywidgets model to connect)
+        assert browser.find_elements(By.CSS_SELECTOR, "[class*=jupyter-widgets]"), "widgets did not render"
     errors = browser.find_elements(By.CSS_SELECTOR, "mjx-merror, .output.error, div.output.traceback")
     assert not errors, "math or cell errors on the page"
     wide = browser.execute_script(OVERFLOW_JS)
@@ -193,6 +198,24 @@ def test_site_explorable_responds_with_no_kernel_or_network(server, browser, pag
         for _ in range(20):
             button.click()
         assert widget.find_elements(By.CSS_SELECTOR, ".note.ok"), widget.text
+    elif name == "tile-schedule":  # a whole program at a time to the end: every tile the schedule runs is done
+        step = widget.find_element(By.CSS_SELECTOR, "button[data-action=next-program]")
+        for _ in range(200):
+            if "All" in widget.find_element(By.CSS_SELECTOR, ".status").text:
+                break
+            step.click()
+        done = re.search(r"All (\d+) tiles done", widget.text)
+        ran = re.search(r"(\d+) of (\d+) tiles run", widget.text)
+        assert done and ran and done[1] == ran[1] and int(ran[1]) <= int(ran[2]), widget.text
+    elif name == "speculation-cost":  # the page's speedup is the Python cost model's at the shown setting
+        from minillm.explorables.speculation import speculation_cost
+
+        status = widget.find_element(By.CSS_SELECTOR, ".status").text
+        a, k, c, s = re.search(r"alpha = ([\d.]+), k = (\d+), c = ([\d.]+):.* a speedup of ([\d.]+)x", status).groups()
+        assert abs(float(s) - speculation_cost(float(a), int(k), float(c))["speedup"]) < 0.006, status
+    elif name == "frontier":  # doubling the batch doubles the requests at once
+        count = lambda text: int(re.search(r"([\d,]+) request\(s\) at once", text)[1].replace(",", ""))  # noqa: E731
+        assert count(widget.text) == 2 * count(before), widget.text
     else:  # doubling the context doubles the cache per sequence
         assert "64,000-token sequence" in widget.text
     # nothing came from outside the test server (no CDN, no kernel)
