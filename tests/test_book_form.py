@@ -177,3 +177,62 @@ def test_every_appendix_page_is_in_the_lab_notebook_part_after_the_chapters():
     assert pages, "no appendix pages"
     assert pages == listed, f"appendix pages not in the Lab notebook part: {sorted(pages - listed)}; " \
                             f"listed but missing: {sorted(listed - pages)}"
+
+
+# Every chapter starts with objectives (issue 34, item 6): right after the title, in the first markdown cell, an
+# "Objectives and prerequisites" admonition whose "In this chapter you will:" list has 3 to 5 items.
+OBJECTIVES = re.compile(r"^```\{admonition\} Objectives and prerequisites\n:class: note\n"
+                        r"\*\*In this chapter you will:\*\*\n\n(?P<items>(?:- .*\n(?:  .*\n)*)+)\n"
+                        r"\*\*Prerequisites:\*\* ", re.M)
+
+
+@pytest.mark.parametrize("chapter", READER_PATH_CHAPTERS)
+def test_chapter_starts_with_objectives(chapter):
+    first = next(c for c in load(chapter)["cells"] if c["cell_type"] == "markdown")
+    text = source(first)
+    title, _, rest = text.partition("\n")
+    assert title.startswith("# "), f"{chapter}: the first markdown cell must start with the chapter's title"
+    m = OBJECTIVES.search(rest)
+    assert m, (f"{chapter}: the first markdown cell needs, after the title, a '```{{admonition}} Objectives and "
+               "prerequisites' block with an '**In this chapter you will:**' list and a '**Prerequisites:**' line")
+    assert not rest[:m.start()].strip(), f"{chapter}: the objectives must come right after the title"
+    items = re.findall(r"^- ", m.group("items"), re.M)
+    assert 3 <= len(items) <= 5, f"{chapter}: {len(items)} objectives; the form is 3 to 5"
+
+
+# Each chapter's main path (its markdown before "## Exercises") is at most 3,500 words (issue 34, "Done when").
+MAIN_PATH_WORDS = 3500
+
+
+def main_path_words(cells: list[dict]) -> int:
+    """Words of the markdown cells before '## Exercises': code fences (so admonition and dropdown blocks in
+    backtick fences), display and inline math and role targets do not count; a role's text does."""
+    n = 0
+    for cell in cells:
+        if cell["cell_type"] != "markdown":
+            continue
+        t = source(cell)
+        if t.startswith("## Exercises"):
+            break
+        t = re.sub(r"```.*?```|\$\$.*?\$\$|\$[^$\n]+\$", " ", t, flags=re.S)
+        t = re.sub(r"\{(glue:text|glue:|term|doc|ref|numref)\}`([^`<]*)(<[^`]*>)?`", r" \2 ", t)
+        t = re.sub(r"\]\([^)]*\)", "]", t)
+        n += len(re.findall(r"[A-Za-z0-9]+(?:['’.-][A-Za-z0-9]+)*", t))
+    return n
+
+
+def test_main_path_word_counter():
+    cells = [{"cell_type": "markdown", "source": ["# Title\n", "```{admonition} A\nnot counted\n```\n",
+                                                  "Two words $x + y$ and {term}`a term <glossary target>`.\n"]},
+             {"cell_type": "code", "source": ["words in code do not count"]},
+             {"cell_type": "markdown", "source": ["A [link](https://example.org/x-y) it's 3.5 long."]},
+             {"cell_type": "markdown", "source": ["## Exercises\n", "not counted"]},
+             {"cell_type": "markdown", "source": ["after the exercises"]}]
+    assert main_path_words(cells) == 1 + 5 + 5  # Title | Two words and a term | A link it's 3.5 long
+
+
+@pytest.mark.parametrize("chapter", READER_PATH_CHAPTERS)
+def test_main_path_is_at_most_3500_words(chapter):
+    n = main_path_words(load(chapter)["cells"])
+    assert n <= MAIN_PATH_WORDS, (f"{chapter}: the main path has {n} markdown words, over {MAIN_PATH_WORDS}; "
+                                  "tighten it or move lab material to its appendix page")
