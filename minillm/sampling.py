@@ -190,8 +190,14 @@ def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds
     * Otherwise the draft d is accepted (the row returns d) with probability min(1, p(d) / q(d)); if it is
       rejected the row returns a sample from normalize(max(p - q, 0)), which never equals d
       (:func:`verify_probs`, with the request's ACCEPT stream for the test and a Gumbel-max draw from its
-      RESIDUAL stream). ``q`` holds the drafter's shaped probabilities per row, or is None for drafts
-      without probabilities (prompt lookup), which count as one-hot: accepted with probability p(d).
+      RESIDUAL stream). ``q`` holds the drafter's shaped probabilities per row.
+    * ``q`` None: drafts without probabilities (prompt lookup), one-hot. Such a row returns its plain sample x
+      (what :func:`sample_batch` draws at this (seed, step)), so d is accepted exactly when d == x: with
+      probability p(d), as the rule above gives for a one-hot q, and a rejected row returns x, distributed as
+      normalize(p without d) -- the same residual. The same distribution and acceptance rate, with one gain:
+      a seeded request's token at a position does not depend on whether that position verified a draft (a
+      preemption's recompute or a busy step may sample a position plainly that a quiet run verified), so its
+      tokens stay the same whatever the batch (chapter 11).
 
     So the scheduler's rule -- keep the drafts equal to their row's token, then take the next row's token --
     emits exactly the target distribution (chapter 9's proof), and each row depends only on its own
@@ -203,7 +209,7 @@ def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds
     out = sample_batch(z, temperature, top_k, top_p, seeds, steps)
     t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))
     rows = np.flatnonzero((drafts >= 0) & (t > 0))
-    if rows.size == 0:
+    if rows.size == 0 or q is None:              # one-hot drafts: the plain sample (see above)
         return out
     pick = lambda a: _pick(a, R, rows)  # noqa: E731
     p = shaped_probs(z[rows], t[rows], pick(top_k), pick(top_p))

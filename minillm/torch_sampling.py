@@ -65,16 +65,14 @@ def verify_batch(logits, drafts, q, temperature, top_k, top_p, seed, step) -> to
     """``minillm.sampling.verify_batch`` on the device: the same streams and float64 arithmetic."""
     z = shape_logits(logits, temperature, top_k, top_p)      # once: the plain draw and p share it
     out = _draw(z, logits, temperature, seed, step)
+    if q is None:           # one-hot drafts: the plain sample, accepted when it equals the draft (see NumPy's)
+        return out
     p = torch.softmax(z, dim=1)
     d = drafts.clamp(min=0)[:, None]
     pd = p.gather(1, d)[:, 0]
-    if q is None:
-        qd = torch.ones_like(pd)
-        r = p.scatter(1, d, 0.0)
-    else:
-        q = q.double()
-        qd = q.gather(1, d)[:, 0]
-        r = (p - q).clamp(min=0)
+    q = q.double()
+    qd = q.gather(1, d)[:, 0]
+    r = (p - q).clamp(min=0)
     u = counter_uniform(sub_seed(seed.long(), ACCEPT), step, 1)[:, 0]
     accept = u * qd < pd
     resid = (torch.log(r) + _gumbel(sub_seed(seed.long(), RESIDUAL), step, p.shape[1])).argmax(dim=1)

@@ -228,7 +228,26 @@ def _verify_before(p_rows, q_rows, draft_tokens, rng):
     return n_acc.astype(np.int64), nxt
 
 
-@pytest.mark.parametrize("with_q", [True, False])
+def test_verify_batch_one_hot_drafts_return_the_plain_sample_whether_drafted_or_not():
+    """Drafts without probabilities (prompt lookup): each row returns what sample_batch draws at its (seed, step),
+    so a seeded request's token at a position does not depend on whether the position verified a draft (the
+    batch-invariance chapter 11 needs under preemption); d is accepted exactly when it equals that sample,
+    i.e. with probability p(d), and a rejection returns the sample, distributed as p without d (the residual)."""
+    rng = np.random.default_rng(12)
+    R, V = 400, 30
+    logits = rng.normal(size=(R, V)) * 2
+    t = np.where(rng.random(R) < 0.2, 0.0, rng.uniform(0.5, 1.5, R))
+    k, p = np.zeros(R, np.int64), np.ones(R)
+    seeds, steps = rng.integers(0, 2**31, R), rng.integers(0, 500, R)
+    plain = sample_batch(logits, t, k, p, seeds, steps)
+    drafts = np.where(rng.random(R) < 0.5, plain, rng.integers(0, V, R))   # half of them the token it will draw
+    got = verify_batch(logits, drafts, None, t, k, p, seeds, steps)
+    np.testing.assert_array_equal(got, plain)
+    np.testing.assert_array_equal(verify_batch(logits, np.full(R, -1), None, t, k, p, seeds, steps), plain)
+    assert (got == drafts).any() and (got != drafts).any()
+
+
+@pytest.mark.parametrize("with_q", [True])
 def test_verify_batch_draws_the_tokens_it_drew_before_sharing_verify_probs(with_q):
     rng = np.random.default_rng(11)
     R, V = 300, 40
