@@ -239,7 +239,8 @@ def test_gpu_rmsnorm_bi_row_is_the_same_in_every_batch(dtype, d, rng):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("q_len,ctx", [(1, 3000), (5, 3000), (200, 1500), (1, 17)])
 def test_gpu_attention_bi_rows_are_the_same_in_every_batch(dtype, q_len, ctx, rng):
-    pool = Pool(rng, num_blocks=1500, block_size=16, hq=32, hkv=8, d=128, dtype=dtype)
+    # room for every sequence below at once: 63 contexts of up to 2,000 tokens and six more (< 5,000 blocks)
+    pool = Pool(rng, num_blocks=8192, block_size=16, hq=32, hkv=8, d=128, dtype=dtype)
     target = pool.seq(ctx, q_len)
     alone = _target_rows(pool, target, [], 0)
     for others in ([pool.seq(int(c), 1) for c in rng.integers(1, 2000, size=63)],
@@ -269,9 +270,16 @@ def test_gpu_attention_bi_decode_verify_and_prefill_rows_agree_bitwise(dtype, rn
 
 @pytest.mark.gpu
 def test_gpu_default_matmul_is_not_batch_invariant(rng):
-    """cuBLAS picks its kernel by M: some batch size changes a row's bits (the issue's matmul by M)."""
-    x = _rows(rng, 1, 2048, torch.bfloat16)
-    w = _rows(rng, 2048, 2048, torch.bfloat16, scale=2048 ** -0.5)
-    alone = (x @ w)[0]
-    assert any(not torch.equal((torch.cat([x, _rows(rng, m - 1, 2048, torch.bfloat16)]) @ w)[0], alone)
-               for m in (2, 16, 64, 256, 1024, 4096))
+    """cuBLAS picks its kernel (tiles, split-K) by M: for some shape and batch size a row's bits change (the
+    issue's matmul by M). float32 outputs show every bit (a bf16 output can round a different sum back to the
+    same value: on an H100, bf16 at K = N = 2048 gave the same bits for all these M)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    changed = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for k, n in ((8192, 1024), (4096, 128), (2048, 2048)):
+            x = _rows(rng, 1, k, dtype)
+            w = _rows(rng, k, n, dtype, scale=k ** -0.5)
+            alone = (x @ w)[0]
+            changed += [(dtype, k, n, m) for m in (2, 3, 16, 64, 256, 1024, 4096)
+                        if not torch.equal((torch.cat([x, _rows(rng, m - 1, k, dtype)]) @ w)[0], alone)]
+    assert changed, "cuBLAS gave every row the same bits at every M tried"
