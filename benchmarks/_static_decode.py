@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minillm.torch_model import TorchModel, _rms, _rotate_half
+from minillm.torch_model import TorchModel, rms_norm, rotate_half
 
 
 class StaticDecoder(nn.Module):
@@ -43,18 +43,18 @@ class StaticDecoder(nn.Module):
         mask = (self.arange <= pos)[None, None, None, :]           # keys 0..pos
         x = m.tok_emb[ids]                                         # (B, d)
         for i, blk in enumerate(m.layers):
-            h = _rms(x, blk.attn_norm, cfg.norm_eps)
+            h = rms_norm(x, blk.attn_norm, cfg.norm_eps)
             q, k, v = (h @ blk.wqkv).split([H * hd, Hkv * hd, Hkv * hd], dim=-1)
-            q = _rotate_half(q.view(B, H, hd), cos, sin)[:, :, None]          # (B, H, 1, hd)
-            k = _rotate_half(k.view(B, Hkv, hd), cos, sin)[:, :, None]
+            q = rotate_half(q.view(B, H, hd), cos, sin)[:, :, None]          # (B, H, 1, hd)
+            k = rotate_half(k.view(B, Hkv, hd), cos, sin)[:, :, None]
             self.k_cache[i].index_copy_(2, pos, k.to(self.k_cache.dtype))
             self.v_cache[i].index_copy_(2, pos, v.view(B, Hkv, 1, hd).to(self.v_cache.dtype))
             a = F.scaled_dot_product_attention(q, self.k_cache[i], self.v_cache[i], attn_mask=mask, enable_gqa=True)
             x = x + a.reshape(B, H * hd) @ blk.wo
-            h = _rms(x, blk.mlp_norm, cfg.norm_eps)
+            h = rms_norm(x, blk.mlp_norm, cfg.norm_eps)
             gate, up = (h @ blk.w_gate_up).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ blk.w_down
-        return (_rms(x, m.norm, cfg.norm_eps) @ m.lm_head).argmax(dim=-1)
+        return (rms_norm(x, m.norm, cfg.norm_eps) @ m.lm_head).argmax(dim=-1)
 
 
 @torch.inference_mode()

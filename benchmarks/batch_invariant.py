@@ -83,7 +83,7 @@ def ops_rows(device, smoke: bool) -> list[dict]:
     from minillm.kernels.batch_invariant import attention_bi, matmul_bi, rmsnorm_bi
     from minillm.kernels.paged_attention import paged_attention
     from minillm.kernels.paged_prefill import paged_varlen_attention
-    from minillm.torch_model import _rms
+    from minillm.torch_model import rms_norm
 
     def ms(fn):
         return triton.testing.do_bench_cudagraph(fn, return_mode="median")
@@ -100,7 +100,7 @@ def ops_rows(device, smoke: bool) -> list[dict]:
     g = torch.ones(cfg.d_model, device=device, dtype=dt)
     for m in (1, 64, 1024):
         x = torch.randn(m, cfg.d_model, device=device, dtype=dt)
-        rows.append(dict(op="rmsnorm", M=m, D=cfg.d_model, default_ms=ms(lambda: _rms(x, g, 1e-5)),
+        rows.append(dict(op="rmsnorm", M=m, D=cfg.d_model, default_ms=ms(lambda: rms_norm(x, g, 1e-5)),
                          invariant_ms=ms(lambda: rmsnorm_bi(x, g, 1e-5))))
     hq, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
     for b, ctx in ((1, 1024), (1, 2048), (32, 1024), (128, 512)):

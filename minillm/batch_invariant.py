@@ -151,7 +151,7 @@ def matmul_reference(x, w, block_k: int = MATMUL_BLOCK_K) -> np.ndarray:
 def rmsnorm_reference(x, w, eps: float = 1e-5, block: int = RMSNORM_BLOCK) -> np.ndarray:
     """RMSNorm of each row of x (R, D): the sum of squares in float32, ``block`` elements at a time in order
     (each block's sum in float64, rounded once), then (x / rms) rounded to x's dtype, times w -- the torch
-    model's ``_rms``. Row r's bits depend on row r only."""
+    model's ``rms_norm``. Row r's bits depend on row r only."""
     # BEGIN SOLUTION
     x, w = np.asarray(x), np.asarray(w)
     acc_t = np.result_type(np.float32, x.dtype)

@@ -39,7 +39,7 @@ class Block(nn.Module):
         self.w_gate, self.w_up, self.w_down = empty(d, cfg.d_ff), empty(d, cfg.d_ff), empty(cfg.d_ff, d)
 
 
-def _rotate_half(t, cos, sin):
+def rotate_half(t, cos, sin):
     """RoPE in the "rotate half" form of ``minillm.model.apply_rope``; cos/sin broadcast against t[..., :D/2]."""
     half = t.shape[-1] // 2
     t1, t2 = t[..., :half], t[..., half:]
@@ -47,7 +47,7 @@ def _rotate_half(t, cos, sin):
     return torch.cat([t1 * c - t2 * s, t2 * c + t1 * s], dim=-1)
 
 
-def _rms(x, w, eps):
+def rms_norm(x, w, eps):
     x32 = x.float()
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
 
@@ -90,7 +90,7 @@ class TorchModel(nn.Module):
         hd = cfg.d_head
 
         def rot(t):  # (B, H, N, hd)
-            return _rotate_half(t, cos, sin)
+            return rotate_half(t, cos, sin)
 
         def lin(x, w):
             if ops is not None:
@@ -99,7 +99,7 @@ class TorchModel(nn.Module):
 
         x = self.tok_emb[ids]
         for i, blk in enumerate(self.layers):
-            h = _rms(x, blk.attn_norm, cfg.norm_eps)
+            h = rms_norm(x, blk.attn_norm, cfg.norm_eps)
             q = rot(lin(h, blk.wq).view(B, N, cfg.n_heads, hd).transpose(1, 2))
             k = rot(lin(h, blk.wk).view(B, N, cfg.n_kv_heads, hd).transpose(1, 2))
             v = lin(h, blk.wv).view(B, N, cfg.n_kv_heads, hd).transpose(1, 2)
@@ -110,13 +110,13 @@ class TorchModel(nn.Module):
             if ops is not None:
                 ops.score_elements += B * cfg.n_heads * N * (start + N)
             x = x + lin(a.transpose(1, 2).reshape(B, N, cfg.n_heads * hd), blk.wo)
-            h = _rms(x, blk.mlp_norm, cfg.norm_eps)
+            h = rms_norm(x, blk.mlp_norm, cfg.norm_eps)
             x = x + lin(F.silu(lin(h, blk.w_gate)) * lin(h, blk.w_up), blk.w_down)
         if cache is not None:
             cache.advance(N)
         if ops is not None:
             ops.attn_rows += B * N
-        return lin(_rms(x, self.norm, cfg.norm_eps), self.lm_head)
+        return lin(rms_norm(x, self.norm, cfg.norm_eps), self.lm_head)
 
 
     @torch.no_grad()
@@ -151,12 +151,12 @@ class TorchModel(nn.Module):
         if batch_invariant:
             from .kernels.batch_invariant import matmul_bi as mm, rmsnorm_bi as norm
         else:
-            mm, norm = torch.matmul, _rms
+            mm, norm = torch.matmul, rms_norm
         hd, H, Hkv = cfg.d_head, cfg.n_heads, cfg.n_kv_heads
         cos, sin = self.rope_at(positions)
 
         def rot(t):  # (T, heads, hd): the tables broadcast over the heads
-            return _rotate_half(t, cos[:, None], sin[:, None])
+            return rotate_half(t, cos[:, None], sin[:, None])
 
         x = self.tok_emb[ids]
         for i, blk in enumerate(self.layers):

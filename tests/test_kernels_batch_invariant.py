@@ -77,7 +77,7 @@ def test_rmsnorm_bi_row_is_the_same_in_every_batch(dtype, d, rng):
 
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 def test_rmsnorm_bi_matches_the_reference_and_the_model(dtype, rng):
-    from minillm.torch_model import _rms
+    from minillm.torch_model import rms_norm
 
     x = _rows(rng, 11, 96, dtype, scale=2.0)
     w = _rows(rng, 1, 96, dtype)[0]
@@ -86,7 +86,7 @@ def test_rmsnorm_bi_matches_the_reference_and_the_model(dtype, rng):
     np.testing.assert_allclose(got.float().cpu().numpy(),
                                ref.rmsnorm_reference(x.cpu().numpy(), w.cpu().numpy(), 1e-5).astype(np.float32),
                                atol=tol, rtol=tol)
-    np.testing.assert_allclose(got.float().cpu().numpy(), _rms(x, w, 1e-5).float().cpu().numpy(), atol=tol, rtol=tol)
+    np.testing.assert_allclose(got.float().cpu().numpy(), rms_norm(x, w, 1e-5).float().cpu().numpy(), atol=tol, rtol=tol)
     assert rmsnorm_bi(x.reshape(1, 11, 96), w, 1e-5).shape == (1, 11, 96)
 
 

@@ -6,7 +6,7 @@ Same signatures and layouts as the NumPy references in :mod:`minillm.batch_invar
   depend on the dtype only), K walked tile after tile by one program, never split across programs. A
   library matmul (cuBLAS) picks its kernel, tiles and split-K by M, so a row's bits change with the batch.
 * :func:`rmsnorm_bi` (x (R, D), w (D,)): one program per row, the row's sum of squares in one fixed
-  reduction, whatever R is; the arithmetic of the torch model's ``_rms``.
+  reduction, whatever R is; the arithmetic of the torch model's ``rms_norm``.
 * :func:`attention_bi` (the paged varlen layout of ``minillm.kernels.paged_prefill``): decode rows, verify
   rows and prefill chunks through one path. Every key tile runs the same arithmetic (the default varlen
   kernel scales unmasked tiles inside the exp2 FMA and masked tiles before it, so a row's bits depend on
@@ -113,7 +113,7 @@ def _rmsnorm_kernel(X, W, Y, D, sx, sy, eps, BLOCK_D: tl.constexpr):
     ok = cols < D
     x = tl.load(X + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
     r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)   # the whole row in one reduction of a fixed shape
-    y = (x * r).to(Y.dtype.element_ty).to(tl.float32)  # rounded to x's dtype, then times w: the model's _rms
+    y = (x * r).to(Y.dtype.element_ty).to(tl.float32)  # rounded to x's dtype, then times w: the model's rms_norm
     w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(Y + row * sy + cols, (y * w).to(Y.dtype.element_ty), mask=ok)
 
