@@ -555,3 +555,14 @@ def test_solution_cells_lose_their_outputs_and_untagged_ones_are_flagged(tmp_pat
     assert leak_check(tmp_path / "tree") == []
     (tmp_path / "tree" / "minillm" / "demo2.ipynb").write_text(json.dumps(untagged))
     assert any(x.startswith("minillm/demo2.ipynb: cell 0: output quotes") for x in leak_check(tmp_path / "tree"))
+
+
+def test_leak_check_book_finds_no_untagged_cell_printing_a_graded_body():
+    """Every book cell whose output quotes a graded body is tagged assignment-solution (the site drops its
+    outputs); chapter 9 printed a held-out snippet quoting a line of flash_attention's body until it stopped."""
+    root = Path(__file__).resolve().parents[1]
+    books = [str(p) for pat in ("intro.ipynb", "chapters/*.ipynb", "appendix/*.ipynb") for p in sorted(root.glob(pat))]
+    assert len(books) > 10
+    done = subprocess.run([sys.executable, "-m", "minillm.assignments", "leak-check-book", *books],
+                          capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
