@@ -219,16 +219,15 @@ def decode_roofline(model: TorchModel, device, dtype, n_tokens: int, graphs: boo
 
 
 def decode_vs_static(model: TorchModel, device, dtype, batches=(1, 8, 64), prompt_len: int = 128,
-                     n_tokens: int = 256) -> list[dict]:
+                     n_tokens: int = 256):
     """Issue 36's small-batch target, one process, the same weights: seconds per decode step of the engine (CUDA
     graphs; ``batch`` requests of one prompt length decoding together, the median inter-token latency) against
     gpt-fast's static-cache loop eager and compiled (``benchmarks/_static_decode.py``), and the weight-read
-    roofline at the HBM copy bandwidth the hardware suite measured (or the datasheet's where none is recorded)."""
+    roofline at the issue's bandwidth. Yields one row per batch size (the caller saves each as it comes)."""
     from ._static_decode import static_greedy
     cfg = model.config
     bpp = torch.finfo(dtype).bits // 8
     read = (cfg.n_params() - cfg.vocab_size * cfg.d_model) * bpp
-    rows = []
     for b in batches:
         prompts = [[(7 * i + j) % (cfg.vocab_size - 1) + 1 for j in range(prompt_len)] for i in range(b)]
         runner = TorchRunner(model, b * (-(-(prompt_len + n_tokens) // 16)) + 1, 16, device=device, dtype=dtype,
@@ -250,9 +249,8 @@ def decode_vs_static(model: TorchModel, device, dtype, batches=(1, 8, 64), promp
         row["engine_vs_compiled"] = row["static_compiled_step_ms"] / row["engine_step_ms"]
         row["roofline_step_ms_issue_bw"] = read / (ISSUE_ROOFLINE_TBPS * 1e12) * 1e3
         row["engine_fraction_of_roofline"] = row["roofline_step_ms_issue_bw"] / row["engine_step_ms"]
-        rows.append(row)
         print(row, flush=True)
-    return rows
+        yield row
 
 
 def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
@@ -334,6 +332,7 @@ def main(argv=None):
                     help="also: spec (engine with prompt-lookup speculation at batch 1/8/64), gptfast (the engine "
                          "against gpt-fast's compiled static-cache loop at batch 1/8/64)")
     ap.add_argument("--attention", default="triton", choices=["triton", "torch"])
+    ap.add_argument("--gptfast-batches", type=int, nargs="+", default=[1, 8, 64], help="batch sizes of --parts gptfast")
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (one model per process)")
     args = ap.parse_args(argv)
     global ATTENTION
@@ -391,7 +390,7 @@ def main(argv=None):
             print(name, "b=1 decode", round(r["tok_per_s"]), "tok/s", flush=True)
             save()
         if "gptfast" in args.parts:
-            for r in decode_vs_static(model, device, dtype, batches=(1, 2) if args.smoke else (1, 8, 64),
+            for r in decode_vs_static(model, device, dtype, batches=(1, 2) if args.smoke else args.gptfast_batches,
                                       prompt_len=8 if args.smoke else 128, n_tokens=8 if args.smoke else 256):
                 results["runs"].append(tag | r)
                 save()
