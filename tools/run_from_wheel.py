@@ -69,9 +69,9 @@ def main(notebooks: list[str]) -> int:
     env = dict(os.environ, PYTHONPATH=str(site) + os.pathsep + os.environ.get("PYTHONPATH", ""), **OLD_CPU)
     print(f"strict nbval from {wheel.name} in {book}, with {' '.join(f'{k}={v!r}' for k, v in OLD_CPU.items())}",
           flush=True)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "--nbval", *sorted(p.name for p in book.glob("*.ipynb")),
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "--nbval", *sorted(p.name for p in book.glob("*.ipynb")),
                            "--nbval-sanitize-with", "nbval_sanitize.cfg", "--nbval-current-env",
-                           "--nbval-cell-timeout=600", "-p", "no:cacheprovider", "--rootdir", str(book)],
+                           "--nbval-cell-timeout=1200", "-p", "no:cacheprovider", "--rootdir", str(book)],
                           cwd=book, env=env).returncode
 
 
