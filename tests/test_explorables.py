@@ -95,25 +95,30 @@ console.log(JSON.stringify({ steps: softmax.steps(input.scores, input.tile).map(
 """
 
 
-@pytest.fixture(scope="module")
-def node_results(tmp_path_factory):
+def run_node(folder, modules: dict, driver: str, inp):
+    """Write each explorable's JavaScript module and ``driver`` into ``folder``, run the driver in Node.js with
+    the modules' URLs as arguments and ``inp`` as JSON on stdin, and return its JSON output (skips without Node)."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("Node.js is not installed (make book installs it for npm)")
-    folder = tmp_path_factory.mktemp("esm")
-    paths = []
-    for name, src in (("softmax", explorables._SOFTMAX_JS), ("pool", explorables._ALLOCATOR_JS),
-                      ("sizing", explorables._SIZING_JS)):
+    urls = []
+    for name, src in modules.items():
         (folder / f"{name}.mjs").write_text(src)
-        paths.append((folder / f"{name}.mjs").as_uri())
-    (folder / "driver.mjs").write_text(NODE_DRIVER)
+        urls.append((folder / f"{name}.mjs").as_uri())
+    (folder / "driver.mjs").write_text(driver)
+    res = subprocess.run([node, str(folder / "driver.mjs"), *urls], input=json.dumps(inp), capture_output=True,
+                         text=True, check=True, timeout=60)
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def node_results(tmp_path_factory):
     x = np.random.default_rng(2).normal(size=23) * 5
     models = [{f: getattr(m, f) for f in explorables._MODEL_FIELDS} for m in MODELS.values()]
     inp = {"scores": x.tolist(), "tile": 4, "num_blocks": 12, "block_size": 4, "script": SCRIPT,
            "models": models, "gpu_bytes": GPUS["H100 SXM"].memory_bytes}
-    res = subprocess.run([node, str(folder / "driver.mjs"), *paths], input=json.dumps(inp), capture_output=True,
-                         text=True, check=True, timeout=60)
-    return inp, json.loads(res.stdout)
+    modules = {"softmax": explorables._SOFTMAX_JS, "pool": explorables._ALLOCATOR_JS, "sizing": explorables._SIZING_JS}
+    return inp, run_node(tmp_path_factory.mktemp("esm"), modules, NODE_DRIVER, inp)
 
 
 def test_online_softmax_javascript_matches_python(node_results):
@@ -200,14 +205,7 @@ console.log(JSON.stringify(cases.map(([n, bm, bn, c]) => mod.schedule(n, n, bm, 
 
 
 def test_tile_schedule_javascript_matches_python(tmp_path):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed (make book installs it for npm)")
-    (tmp_path / "tiles.mjs").write_text(tile_explorable._TILES_JS)
-    (tmp_path / "driver.mjs").write_text(TILES_DRIVER)
-    res = subprocess.run([node, str(tmp_path / "driver.mjs"), (tmp_path / "tiles.mjs").as_uri()],
-                         input=json.dumps(TILE_CASES), capture_output=True, text=True, check=True, timeout=60)
-    got = json.loads(res.stdout)
+    got = run_node(tmp_path, {"tiles": tile_explorable._TILES_JS}, TILES_DRIVER, TILE_CASES)
     assert len(got) == len(TILE_CASES) > 20
     for case, js in zip(TILE_CASES, got):
         assert js == tile_explorable.tile_schedule(*case), case
@@ -313,21 +311,12 @@ console.log(JSON.stringify({ cost, frontier, ridge }));
 
 @pytest.fixture(scope="module")
 def spec_frontier_node(tmp_path_factory):
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("Node.js is not installed (make book installs it for npm)")
-    folder = tmp_path_factory.mktemp("esm_spec")
-    (folder / "spec.mjs").write_text(spec_explorable._SPEC_JS)
-    (folder / "frontier.mjs").write_text(frontier_explorable._FRONTIER_JS)
-    (folder / "driver.mjs").write_text(SPEC_FRONTIER_DRIVER)
     costs = [(m, g, ctx, frontier_explorable.step_cost_fields(step_cost(m, g)))
              for m in ("Llama 3.1 8B", "Llama 3.1 70B", "Mistral 7B v0.1") for g in ("H100 SXM", "H200", "A100 40GB")
              for ctx in (0, 512, 2048)]
     inp = {"spec": SPEC_CASES, "frontier": [[f, ctx] for _, _, ctx, f in costs], "batches": frontier_explorable.BATCHES}
-    res = subprocess.run([node, str(folder / "driver.mjs"), (folder / "spec.mjs").as_uri(),
-                          (folder / "frontier.mjs").as_uri()], input=json.dumps(inp), capture_output=True, text=True,
-                         check=True, timeout=60)
-    return costs, json.loads(res.stdout)
+    modules = {"spec": spec_explorable._SPEC_JS, "frontier": frontier_explorable._FRONTIER_JS}
+    return costs, run_node(tmp_path_factory.mktemp("esm_spec"), modules, SPEC_FRONTIER_DRIVER, inp)
 
 
 def test_speculation_javascript_matches_python(spec_frontier_node):
