@@ -139,9 +139,8 @@ class TorchRunner:
         for k, a, pad in (("ids", batch.input_ids, 0), ("pos", batch.positions, 0),
                           ("slots", batch.slot_mapping, self.trash_slot)):
             h[k][:T], h[k][T:] = a, pad
-        bt = batch.block_tables
-        h["tables"][:S, :bt.shape[1]], h["tables"][:S, bt.shape[1]:], h["tables"][S:] = bt, self.num_blocks, \
-            self.num_blocks
+        h["tables"][:] = self.num_blocks         # past each table's end: the spare block
+        h["tables"][:S, :batch.block_tables.shape[1]] = batch.block_tables
         pad_q = np.ones(n_seq - S, np.int64)
         if n_seq > S:
             pad_q[-1] = n_tok - T - (n_seq - S - 1)
