@@ -123,10 +123,19 @@ class TorchModel(nn.Module):
     def fuse_projections(self) -> None:
         """Concatenate each layer's Q/K/V and gate/up weights into one matrix (buffers beside the parameters,
         which stay the checkpoint's). At batch 1 a decode step is a chain of matrix-vector products, and
-        fewer, larger ones read the weights closer to the memory bandwidth. Call again after changing weights."""
+        fewer, larger ones read the weights closer to the memory bandwidth. Call again after changing weights.
+
+        A second call writes into the same buffers, so their addresses stay put: a CUDA graph captured over this
+        model (a ``TorchRunner``'s) reads them by address, and two runners may share one model."""
         for blk in self.layers:
-            blk.register_buffer("wqkv", torch.cat([blk.wq, blk.wk, blk.wv], dim=1).contiguous(), persistent=False)
-            blk.register_buffer("w_gate_up", torch.cat([blk.w_gate, blk.w_up], dim=1).contiguous(), persistent=False)
+            for name, parts in (("wqkv", (blk.wq, blk.wk, blk.wv)), ("w_gate_up", (blk.w_gate, blk.w_up))):
+                fused = torch.cat(parts, dim=1)
+                old = getattr(blk, name, None)
+                if old is not None and old.shape == fused.shape and old.dtype == fused.dtype \
+                        and old.device == fused.device:
+                    old.copy_(fused)
+                else:
+                    blk.register_buffer(name, fused.contiguous(), persistent=False)
         self.fused = True
 
     def rope_at(self, positions: torch.Tensor):

@@ -142,3 +142,38 @@ def test_gpu_bf16_batch_invariant_tokens_alone_equal_batched(tiny_model, sampled
     same = sum(a == b for a, b in zip(alone, batched))
     assert same == len(prompts), f"{same} of {len(prompts)} identical"
     assert llm.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_batch_invariant_greedy_speculation_equals_plain_decoding(tiny_model):
+    """bf16, CUDA graphs, one TorchModel shared by both engines (as the chapter 11 benchmark does): greedy
+    speculative decoding (prompt lookup, k=4, batched) gives plain decoding's tokens, each request alone."""
+    from minillm.serving import LLMEngine, SchedulerConfig
+    from minillm.serving.torch_runner import TorchRunner
+    from minillm.speculative import NgramDrafter
+    from minillm.tokenizer import ByteTokenizer
+    from minillm.torch_model import TorchModel
+    tok = ByteTokenizer()
+    texts = ["import os\nimport sys\nimport ", "def f(x):\n    return x\n\ndef g(x):\n", "#", "for i in range(",
+             "x = [1, 2, 3]\nx = [1, 2, 3]\n", "class Foo(Bar):\n    def "]
+    prompts = [tok.encode(t) for t in texts]
+    params = _params(len(prompts), False, 48)
+    shared = TorchModel.from_numpy(tiny_model.config, tiny_model.params)
+    cfg = tiny_model.config
+
+    def engine(k):
+        blocks = 8 * -(-cfg.max_seq_len // 16)
+        run = TorchRunner(shared, blocks, 16, device=DEVICE, dtype=torch.bfloat16, batch_invariant=True)
+        sched = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=128, num_speculative_tokens=k)
+        return LLMEngine(run, blocks, 16, cfg.max_seq_len, cfg.vocab_size, sched, enable_prefix_caching=False,
+                         drafter=NgramDrafter() if k else None)
+
+    plain_eng = engine(0)
+    plain_eng.runner.prepare(plain_eng.scheduler.config)
+    spec_eng = engine(4)                                       # built after plain_eng captured its graphs
+    spec_eng.runner.prepare(spec_eng.scheduler.config)
+    plain = [plain_eng.generate([p], [sp], progress=False)[0].token_ids for p, sp in zip(prompts, params)]
+    spec = [o.token_ids for o in spec_eng.generate(prompts, params, progress=False)]
+    same = sum(a == b for a, b in zip(plain, spec))
+    assert same == len(prompts), f"{same} of {len(prompts)} identical"
+    assert spec_eng.scheduler.spec_accepted > 0

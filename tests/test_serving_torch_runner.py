@@ -190,6 +190,49 @@ def test_fuse_projections_keeps_the_ragged_forward(small_model):
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_fuse_projections_twice_keeps_the_buffers_addresses(small_model):
+    """A CUDA graph reads the fused weights by address: a second runner built over the same model (which fuses
+    again) must not move them, or the first runner's graphs read freed memory (issue 37's payoff benchmark
+    compared a plain engine's stale graphs against a speculative engine built after it: 0 of 32 identical)."""
+    from minillm.torch_model import TorchModel
+    m = TorchModel.from_numpy(small_model.config, small_model.params).eval()
+    m.fuse_projections()
+    ptrs = [(b.wqkv.data_ptr(), b.w_gate_up.data_ptr()) for b in m.layers]
+    with torch.no_grad():
+        m.layers[0].wq.mul_(2.0)
+    m.fuse_projections()
+    assert [(b.wqkv.data_ptr(), b.w_gate_up.data_ptr()) for b in m.layers] == ptrs
+    blk = m.layers[0]
+    torch.testing.assert_close(blk.wqkv, torch.cat([blk.wq, blk.wk, blk.wv], dim=1), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_torch_runner_graphs_of_two_runners_over_one_model_keep_their_tokens(tiny_model):
+    """Two graph-capturing runners over one TorchModel: the first one's greedy tokens (replayed graphs) equal
+    the eager NumPy-checked reference after the second runner was built and used."""
+    from minillm.torch_model import TorchModel
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    m = TorchModel.from_numpy(tiny_model.config, tiny_model.params)
+    prompts = [[5, 6, 7, 8, 9, 10], [40, 41, 42]]
+    params = [SamplingParams(max_tokens=12, ignore_eos=True)] * 2
+    cfg = tiny_model.config
+
+    def engine():
+        run = TorchRunner(m, 32, 16, device="cuda", dtype=torch.float32)
+        run.capture_graphs(2, 64)
+        return LLMEngine(run, 32, 16, cfg.max_seq_len, cfg.vocab_size, SchedulerConfig(max_num_seqs=2,
+                         max_num_batched_tokens=64), enable_prefix_caching=False)
+
+    first = engine()
+    before = [o.token_ids for o in first.generate(prompts, params, progress=False)]
+    second = engine()
+    assert [o.token_ids for o in second.generate(prompts, params, progress=False)] == before
+    after = [o.token_ids for o in first.generate(prompts, params, progress=False)]
+    assert after == before
+    assert before == [cached_decode(tiny_model, p, 12).new_tokens for p in prompts]
+
+
 @pytest.mark.parametrize("attention", ["torch", "triton"])
 def test_torch_runner_speculative_verify_steps_keep_greedy_tokens(tiny_model, attention):
     from minillm.speculative import NgramDrafter
