@@ -13,18 +13,19 @@
 #   run(command="bash benchmarks/gpu_session.sh composed-study")  # chapter 10: the bf16 study
 #   run(command="bash benchmarks/gpu_session.sh batch-invariant") # chapter 11: the mode's cost and payoff
 #   run(command="bash benchmarks/gpu_session.sh ab LABEL")        # issue 33's before/after timing of the defaults
-# A suite writes its record into $OUT/results/<suite>_<gpu>.json, a copy of benchmarks/results/ made first, so the
-# file comes back with the new record in place of the old and every other record as it was: copy it into
+# A suite writes its record into $OUT/results/<suite>_<gpu>.json, a copy of the suite's results files made first, so
+# the file comes back with the new record in place of the old and every other record as it was (the device tool
+# returns at most 8 files, so only that suite's files are copied): copy it into
 # benchmarks/results/, run `python -m benchmarks index`, and commit both. Console output goes to $OUT/<case>.log.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
-cp benchmarks/results/*.json "$OUT/results/"
 export PYTHONUNBUFFERED=1
 
 # suite LIMIT_S ARGS...: one suite run in its own process under LIMIT_S seconds, its record into $OUT/results
 suite() {
   local limit=$1; shift
+  cp benchmarks/results/"$1"_*.json "$OUT/results/" 2>/dev/null
   timeout "$limit" python3 -m benchmarks "$@" --results "$OUT/results" >> "$LOG" 2>&1
   local rc=$?
   echo "$* rc=$rc"; tail -3 "$LOG" | cut -c1-200
