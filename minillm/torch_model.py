@@ -144,7 +144,8 @@ class TorchModel(nn.Module):
         return ang.cos().float(), ang.sin().float()
 
     def forward_ragged(self, ids, positions, slot_mapping, block_tables, context_lens, cu_seqlens_q,
-                       k_pool, v_pool, attn_fn, logits_rows=None, batch_invariant: bool = False) -> torch.Tensor:
+                       k_pool, v_pool, attn_fn, logits_rows=None, batch_invariant: bool = False,
+                       fused_ops: bool = False) -> torch.Tensor:
         """``Model.forward_ragged`` in torch: one serving step over a paged pool; returns (rows, V) logits.
 
         All arguments are tensors on one device; nothing here reads them on the host, so the call can
@@ -153,8 +154,13 @@ class TorchModel(nn.Module):
         is the paged attention to use; ``logits_rows`` the rows to project (default: every row; the NumPy
         model's default is each sequence's last row). ``batch_invariant=True`` runs every matmul and RMSNorm
         through ``minillm.kernels.batch_invariant`` (fixed reduction orders: a row's bits do not depend on the
-        other rows); pass its ``attention_bi`` as ``attn_fn`` too (chapter 11).
+        other rows); pass its ``attention_bi`` as ``attn_fn`` too (chapter 11). ``fused_ops=True`` (after
+        :meth:`fuse_projections`) runs the elementwise work in ``minillm.kernels.fused``'s three Triton kernels:
+        the residual add with each RMSNorm, RoPE with the K/V cache write, SiLU with its product (chapter 8).
         """
+        if fused_ops:
+            return self._forward_ragged_fused(ids, positions, slot_mapping, block_tables, context_lens,
+                                              cu_seqlens_q, k_pool, v_pool, attn_fn, logits_rows, batch_invariant)
         cfg = self.config
         T = ids.shape[0]
         if batch_invariant:
@@ -187,6 +193,35 @@ class TorchModel(nn.Module):
             else:
                 gate, up = mm(h, blk.w_gate), mm(h, blk.w_up)
             x = x + mm(F.silu(gate) * up, blk.w_down)
+        if logits_rows is not None:
+            x = x[logits_rows]
+        return mm(norm(x, self.norm, cfg.norm_eps), self.lm_head)
+
+
+    def _forward_ragged_fused(self, ids, positions, slot_mapping, block_tables, context_lens, cu_seqlens_q,
+                              k_pool, v_pool, attn_fn, logits_rows, batch_invariant: bool) -> torch.Tensor:
+        """:meth:`forward_ragged` with ``fused_ops``: the same arithmetic in fewer kernels. Each layer carries the
+        residual branch ``r`` to the next norm, which adds it (``x + r``) as it normalizes."""
+        from .kernels.fused import rms_norm as norm, rope_kv_write, silu_mul
+        if not self.fused:
+            raise ValueError("fused_ops=True needs the fused projections: call fuse_projections() first")
+        if batch_invariant:
+            from .kernels.batch_invariant import matmul_bi as mm
+        else:
+            mm = torch.matmul
+        cfg = self.config
+        T = ids.shape[0]
+        H, Hkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.d_head
+        cos, sin = self.rope_at(positions)
+        x, r = self.tok_emb[ids], None
+        for i, blk in enumerate(self.layers):
+            h, x = (norm(x, blk.attn_norm, cfg.norm_eps), x) if r is None else \
+                norm(x, blk.attn_norm, cfg.norm_eps, residual=r)
+            q = rope_kv_write(mm(h, blk.wqkv), cos, sin, slot_mapping, k_pool[i], v_pool[i], H, Hkv)
+            a = attn_fn(q, k_pool[i], v_pool[i], block_tables, context_lens, cu_seqlens_q)
+            h, x = norm(x, blk.mlp_norm, cfg.norm_eps, residual=mm(a.reshape(T, H * hd).to(x.dtype), blk.wo))
+            r = mm(silu_mul(mm(h, blk.w_gate_up)), blk.w_down)
+        x = x + r
         if logits_rows is not None:
             x = x[logits_rows]
         return mm(norm(x, self.norm, cfg.norm_eps), self.lm_head)

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from . import INTERPRETED, check_placement, check_tensors
 from .common import LOG2E, cdiv, dot, last_dim_contiguous, mma, next_power_of_2
+from .fused import rms_norm
 from .paged_prefill import varlen_dims
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -106,36 +107,12 @@ def matmul_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # ---- RMSNorm ----------------------------------------------------------------------------------------------
-@triton.jit
-def _rmsnorm_kernel(X, W, Y, D, sx, sy, eps, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    ok = cols < D
-    x = tl.load(X + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)   # the whole row in one reduction of a fixed shape
-    y = (x * r).to(Y.dtype.element_ty).to(tl.float32)  # rounded to x's dtype, then times w: the model's rms_norm
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Y + row * sy + cols, (y * w).to(Y.dtype.element_ty), mask=ok)
-
-
 def rmsnorm_bi(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x (..., D) with weight w (D,): ``(x / rms(x)).to(x.dtype) * w``, the sum of
-    squares in float32; one program per row, so a row's bits do not depend on how many rows there are."""
-    check_tensors(x=x, w=w)
-    D = x.shape[-1]
-    if w.shape != (D,):
-        raise ValueError(f"w must be ({D},), got {tuple(w.shape)}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {x.dtype}; supported: {SUPPORTED_DTYPES}")
-    check_placement(x=x, w=w)
-    x2 = x.reshape(-1, D)
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    w = w.to(x.dtype).contiguous()
-    out = torch.empty((x2.shape[0], D), device=x.device, dtype=x.dtype)
-    if x2.shape[0]:
-        _rmsnorm_kernel[(x2.shape[0],)](x2, w, out, D, x2.stride(0), out.stride(0), float(eps),
-                                        BLOCK_D=next_power_of_2(D), num_warps=1 if INTERPRETED else 4)
-    return out.reshape(x.shape)
+    squares in float32. The default step's fused kernel (:func:`minillm.kernels.fused.rms_norm`) is already
+    batch-invariant: one program per row, the whole row in one reduction of a fixed shape, whatever the row
+    count."""
+    return rms_norm(x, w, eps)
 
 
 # ---- attention --------------------------------------------------------------------------------------------

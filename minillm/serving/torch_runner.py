@@ -15,6 +15,9 @@ every decode batch size and mixed-step token bucket the scheduler can produce. A
   RMSNorm with a reduction order fixed per row, so a sequence's logits have the same bits whatever else is in
   the batch (and whatever graph bucket pads it); CUDA graphs as usual.
 
+On a GPU the step's elementwise work (the residual adds with RMSNorm, RoPE with the K/V cache writes, SiLU with
+its product) runs in the fused Triton kernels of ``minillm.kernels.fused`` (``fused_ops``; chapter 8).
+
 The pools have one extra block past the block manager's: padded graph rows write their K/V there.
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from .runner import sampling_arrays
 class TorchRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device=None, dtype=torch.bfloat16,
                  attention: str = "triton", cuda_graphs: bool = True, max_graph_batch: int = 256,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, fused_ops: bool | None = None):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = dtype
         if not isinstance(model, TorchModel):
@@ -48,6 +51,10 @@ class TorchRunner:
         self.trash_slot = self.num_blocks * self.block_size
         self.max_blocks = -(-cfg.max_seq_len // self.block_size)
         self.batch_invariant = bool(batch_invariant)
+        # the elementwise work in three Triton kernels (minillm.kernels.fused): by default on a GPU with the
+        # Triton attention; on CPU they would run in the interpreter (tests pass fused_ops=True)
+        self.fused_ops = (self.device.type == "cuda" and attention == "triton") if fused_ops is None \
+            else bool(fused_ops)
         if batch_invariant and attention != "triton":
             raise ValueError("batch_invariant=True runs its own Triton kernels: leave attention='triton'")
         if batch_invariant:
@@ -127,7 +134,7 @@ class TorchRunner:
     def _forward_static(self, st: dict, attn):
         return self.model.forward_ragged(st["ids"], st["pos"], st["slots"], st["tables"], st["lens"], st["cu"],
                                          self.k_pool, self.v_pool, attn, logits_rows=st["last"],
-                                         batch_invariant=self.batch_invariant)
+                                         batch_invariant=self.batch_invariant, fused_ops=self.fused_ops)
 
     def _fill(self, st: dict, batch, input_ids=None) -> int:
         """Copy a step into padded static buffers; padding sequences take 1 token each, the last takes the rest."""
@@ -240,7 +247,8 @@ class TorchRunner:
         attn = self._decode if decode_only else self._varlen
         rows = torch.from_numpy(batch.logits_rows).to(self.device)
         return self.model.forward_ragged(ids, pos, slots, tables, lens, cu, self.k_pool, self.v_pool, attn,
-                                         logits_rows=rows, batch_invariant=self.batch_invariant)
+                                         logits_rows=rows, batch_invariant=self.batch_invariant,
+                                         fused_ops=self.fused_ops)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> np.ndarray:
