@@ -104,29 +104,28 @@ def test_silu_mul_matches_silu_times_up(dtype):
 
 
 def test_forward_ragged_fused_ops_match_the_unfused_forward(small_model):
-    m = TorchModel.from_numpy(small_model.config, small_model.params).eval()
+    m = TorchModel.from_numpy(small_model.config, small_model.params).to(DEVICE).eval()
     m.fuse_projections()
     cfg = m.config
-    pool = torch.zeros(cfg.n_layers, 8, 4, cfg.n_kv_heads, cfg.d_head)
-    args = (torch.tensor([5, 6, 7, 8, 9, 3, 4]), torch.tensor([0, 1, 2, 3, 4, 0, 1]), torch.tensor([0, 1, 2, 3, 4, 8, 9]),
-            torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([5, 2], dtype=torch.int32),
-            torch.tensor([0, 5, 7], dtype=torch.int32))
+    pool = torch.zeros(cfg.n_layers, 8, 4, cfg.n_kv_heads, cfg.d_head, device=DEVICE)
+    t = lambda v, dt=torch.long: torch.tensor(v, dtype=dt, device=DEVICE)  # noqa: E731
+    args = (t([5, 6, 7, 8, 9, 3, 4]), t([0, 1, 2, 3, 4, 0, 1]), t([0, 1, 2, 3, 4, 8, 9]),
+            t([[0, 1], [2, 3]], torch.int32), t([5, 2], torch.int32), t([0, 5, 7], torch.int32))
     with torch.no_grad():
         pools = [(pool.clone(), pool.clone()) for _ in range(2)]
-        plain = m.forward_ragged(*args, *pools[0], torch_varlen_attention, logits_rows=torch.tensor([4, 6]))
-        fused = m.forward_ragged(*args, *pools[1], torch_varlen_attention, logits_rows=torch.tensor([4, 6]),
-                                 fused_ops=True)
+        plain = m.forward_ragged(*args, *pools[0], torch_varlen_attention, logits_rows=t([4, 6]))
+        fused = m.forward_ragged(*args, *pools[1], torch_varlen_attention, logits_rows=t([4, 6]), fused_ops=True)
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pools[1][0], pools[0][0], rtol=1e-5, atol=1e-5)   # the same K written
     with pytest.raises(ValueError, match="fuse_projections"):
-        TorchModel.from_numpy(cfg, small_model.params).forward_ragged(*args, *pools[1], torch_varlen_attention,
+        TorchModel.from_numpy(cfg, small_model.params).to(DEVICE).forward_ragged(*args, *pools[1], torch_varlen_attention,
                                                                      fused_ops=True)
 
 
 def test_torch_runner_fused_ops_keep_greedy_tokens(small_model):
     """The engine over the fused forward (CPU: the interpreter) gives cached_decode's greedy tokens."""
     cfg = small_model.config
-    runner = TorchRunner(small_model, 24, 8, device="cpu", dtype=torch.float32, fused_ops=True)
+    runner = TorchRunner(small_model, 24, 8, device=DEVICE, dtype=torch.float32, fused_ops=True)
     assert runner.fused_ops
     eng = LLMEngine(runner, 24, 8, cfg.max_seq_len, cfg.vocab_size, SchedulerConfig(max_num_seqs=2,
                     max_num_batched_tokens=32), enable_prefix_caching=False)
