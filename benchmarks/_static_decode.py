@@ -57,26 +57,42 @@ class StaticDecoder(nn.Module):
         return (rms_norm(x, m.norm, cfg.norm_eps) @ m.lm_head).argmax(dim=-1)
 
 
-@torch.inference_mode()
+class StaticLoop:
+    """The baseline's greedy loop over one prompt (the same prompt in every row): the prompt fed one token at a time
+    at construction (untimed), then ``run()`` decodes ``n_tokens`` from there, as often as asked. Each run writes
+    the same cache positions again, so runs are repeats of one measurement and give the same tokens."""
+
+    @torch.inference_mode()
+    def __init__(self, model: TorchModel, prompt: list[int], n_tokens: int, batch: int = 1, compile: bool = False):
+        self.dec = StaticDecoder(model, batch, len(prompt) + n_tokens)
+        self.step = torch.compile(self.dec, mode="reduce-overhead", fullgraph=True) if compile else self.dec
+        self.dev, self.batch, self.start, self.n_tokens = self.dec.k_cache.device, batch, len(prompt), n_tokens
+        for i, t in enumerate(prompt):
+            nxt = self.step(torch.full((batch,), t, device=self.dev, dtype=torch.long), torch.tensor([i], device=self.dev))
+        self.first = nxt.clone()
+
+    @torch.inference_mode()
+    def run(self) -> tuple[list[int], float]:
+        """(the greedy tokens of row 0, the mean seconds per decode step over the ``n_tokens - 1`` steps after the
+        first token): wall clock with one sync at the end, tokens/s as gpt-fast reports it."""
+        cuda = self.dev.type == "cuda"
+        nxt = self.first.clone()
+        out = [nxt[:1].clone()]
+        if cuda:
+            torch.cuda.synchronize(self.dev)
+        t0 = time.perf_counter()
+        for j in range(self.n_tokens - 1):                         # each step fed from the device: no host sync
+            nxt = self.step(nxt.clone(), torch.tensor([self.start + j], device=self.dev))
+            out.append(nxt[:1].clone())
+        if cuda:
+            torch.cuda.synchronize(self.dev)
+        per_step = (time.perf_counter() - t0) / max(self.n_tokens - 1, 1)
+        return [int(t) for t in torch.cat(out).tolist()], per_step
+
+
 def static_greedy(model: TorchModel, prompt: list[int], n_tokens: int, batch: int = 1, compile: bool = False,
                   timed: bool = False) -> tuple[list[int], float | None]:
     """Greedy tokens of ``prompt`` (the same prompt in every row) and, with ``timed``, the mean seconds per decode
-    step over the ``n_tokens - 1`` steps after the first token (wall clock, one sync at the end: tokens/s as
-    gpt-fast reports it). The prompt is fed one token at a time first, untimed."""
-    dec = StaticDecoder(model, batch, len(prompt) + n_tokens)
-    step = torch.compile(dec, mode="reduce-overhead", fullgraph=True) if compile else dec
-    dev = dec.k_cache.device
-    cuda = dev.type == "cuda"
-    for i, t in enumerate(prompt):                                 # prefill, token by token (untimed)
-        nxt = step(torch.full((batch,), t, device=dev, dtype=torch.long), torch.tensor([i], device=dev))
-    out = [nxt[:1].clone()]
-    if cuda:
-        torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    for j in range(n_tokens - 1):                                  # each step fed from the device: no host sync
-        nxt = step(nxt.clone(), torch.tensor([len(prompt) + j], device=dev))
-        out.append(nxt[:1].clone())
-    if cuda:
-        torch.cuda.synchronize(dev)
-    per_step = (time.perf_counter() - t0) / max(n_tokens - 1, 1)
-    return [int(t) for t in torch.cat(out).tolist()], per_step if timed else None
+    step (one ``StaticLoop`` run)."""
+    tokens, per_step = StaticLoop(model, prompt, n_tokens, batch, compile).run()
+    return tokens, per_step if timed else None

@@ -218,16 +218,26 @@ def decode_roofline(model: TorchModel, device, dtype, n_tokens: int, graphs: boo
     return res
 
 
+def copy_bandwidth_gbps(device) -> float:
+    """The GPU's usable memory bandwidth, measured here: a 2 GiB device-to-device copy (read + write), as the
+    hardware suite measures it (``benchmarks/hardware.py``)."""
+    from .hardware import Bench, bench_copy
+    return bench_copy(torch, Bench(torch, 256 << 20), 2.0)["gbps"]
+
+
 def decode_vs_static(model: TorchModel, device, dtype, batches=(1, 8, 64), prompt_len: int = 128,
-                     n_tokens: int = 256):
+                     n_tokens: int = 256, repeats: int = 3):
     """Issue 36's small-batch target, one process, the same weights: seconds per decode step of the engine (CUDA
     graphs; ``batch`` requests of one prompt length decoding together, the median inter-token latency) against
     gpt-fast's static-cache loop eager and compiled (``benchmarks/_static_decode.py``), and the weight-read
-    roofline at the issue's bandwidth. Yields one row per batch size (the caller saves each as it comes)."""
-    from ._static_decode import static_greedy
+    roofline at the copy bandwidth measured in this process (and at the issue's 4.3 TB/s). The engine and the
+    compiled loop run ``repeats`` times each, interleaved, every run kept (the medians are the headline). Yields
+    one row per batch size (the caller saves each as it comes)."""
+    from ._static_decode import StaticLoop
     cfg = model.config
     bpp = torch.finfo(dtype).bits // 8
     read = (cfg.n_params() - cfg.vocab_size * cfg.d_model) * bpp
+    gbps = copy_bandwidth_gbps(device) if device.type == "cuda" else None
     for b in batches:
         prompts = [[(7 * i + j) % (cfg.vocab_size - 1) + 1 for j in range(prompt_len)] for i in range(b)]
         runner = TorchRunner(model, b * (-(-(prompt_len + n_tokens) // 16)) + 1, 16, device=device, dtype=dtype,
@@ -238,17 +248,26 @@ def decode_vs_static(model: TorchModel, device, dtype, batches=(1, 8, 64), promp
         runner.prepare(eng.scheduler.config)
         sp = SamplingParams(max_tokens=n_tokens, ignore_eos=True)
         eng.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True), progress=False)  # warm
-        outs = eng.generate(prompts, sp, progress=False)
-        engine_s = float(np.median([t for o in outs for t in o.itl]))
-        del eng, runner
+        compiled = StaticLoop(model, prompts[0], n_tokens, batch=b, compile=True)
+        compiled.run()                                                                         # warm
+        engine_ms, compiled_ms = [], []
+        for _ in range(repeats):
+            outs = eng.generate(prompts, sp, progress=False)
+            engine_ms.append(float(np.median([t for o in outs for t in o.itl])) * 1e3)
+            compiled_ms.append(compiled.run()[1] * 1e3)
+        del eng, runner, compiled
         row = {"policy": "decode_vs_static", "batch": b, "prompt_len": prompt_len, "new_tokens": n_tokens,
-               "engine_step_ms": engine_s * 1e3, "weight_bytes_read_per_step": read}
-        for name, comp in (("static_eager", False), ("static_compiled", True)):
-            _, sec = static_greedy(model, prompts[0], n_tokens, batch=b, compile=comp, timed=True)
-            row[f"{name}_step_ms"] = sec * 1e3
+               "engine_step_ms": float(np.median(engine_ms)), "engine_step_ms_runs": engine_ms,
+               "static_compiled_step_ms": float(np.median(compiled_ms)), "static_compiled_step_ms_runs": compiled_ms,
+               "static_eager_step_ms": StaticLoop(model, prompts[0], n_tokens, batch=b).run()[1] * 1e3,
+               "weight_bytes_read_per_step": read}
         row["engine_vs_compiled"] = row["static_compiled_step_ms"] / row["engine_step_ms"]
         row["roofline_step_ms_issue_bw"] = read / (ISSUE_ROOFLINE_TBPS * 1e12) * 1e3
-        row["engine_fraction_of_roofline"] = row["roofline_step_ms_issue_bw"] / row["engine_step_ms"]
+        if gbps is not None:
+            row["copy_gbps"] = gbps
+            row["roofline_step_ms_measured_bw"] = read / (gbps * 1e9) * 1e3
+            row["engine_fraction_of_roofline"] = row["roofline_step_ms_measured_bw"] / row["engine_step_ms"]
+            row["engine_fraction_of_roofline_runs"] = [row["roofline_step_ms_measured_bw"] / t for t in engine_ms]
         print(row, flush=True)
         yield row
 
@@ -333,6 +352,7 @@ def main(argv=None):
                          "against gpt-fast's compiled static-cache loop at batch 1/8/64)")
     ap.add_argument("--attention", default="triton", choices=["triton", "torch"])
     ap.add_argument("--gptfast-batches", type=int, nargs="+", default=[1, 8, 64], help="batch sizes of --parts gptfast")
+    ap.add_argument("--gptfast-repeats", type=int, default=3, help="interleaved runs of the engine and the compiled loop")
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (one model per process)")
     args = ap.parse_args(argv)
     global ATTENTION
@@ -391,7 +411,8 @@ def main(argv=None):
             save()
         if "gptfast" in args.parts:
             for r in decode_vs_static(model, device, dtype, batches=(1, 2) if args.smoke else args.gptfast_batches,
-                                      prompt_len=8 if args.smoke else 128, n_tokens=8 if args.smoke else 256):
+                                      prompt_len=8 if args.smoke else 128, n_tokens=8 if args.smoke else 256,
+                                      repeats=args.gptfast_repeats):
                 results["runs"].append(tag | r)
                 save()
         if "profile" in args.parts:
