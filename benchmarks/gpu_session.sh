@@ -70,8 +70,9 @@ serving)  # one model per process, both in the one record
   suite 290 serving --models llama1b --hf-requests 64 --append ;;
 decode-b1)  # the engine against the compiled static-cache loop at batch 1/8/64, and the step profile
   suite 580 serving --models llama1b --parts gptfast roofline profile --record decode_small_batch ;;
-serving-client)
-  suite 580 serving_client ;;
+serving-client)  # the server's web stack from wheels carried in build/wheels_serve (the machine has no index)
+  [ -d build/wheels_serve ] && python3 -m pip install -q --no-index --find-links build/wheels_serve fastapi uvicorn httpx
+  suite 570 serving_client ;;
 speculative)
   suite 420 speculative --parts b1 b1_fp32 1b
   suite 160 speculative --parts engine ;;
