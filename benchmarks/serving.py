@@ -296,7 +296,7 @@ def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
         rows.append({"op": e.key, "count": e.count, "self_device_us_per_step": getattr(e, "self_device_time_total", 0) / n,
                      "self_cpu_us_per_step": e.self_cpu_time_total / n})
     dev_total = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()) / n
-    return {"cuda_graphs": runner.use_graphs, "wall_ms_per_step": wall * 1e3,
+    return {"cuda_graphs": runner.use_graphs, "steps": n, "wall_ms_per_step": wall * 1e3,
             "device_busy_ms_per_step": dev_total / 1e3, "top_ops": rows}
 
 
