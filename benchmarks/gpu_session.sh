@@ -22,11 +22,12 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT/results"
 export PYTHONUNBUFFERED=1
 
-# suite LIMIT_S ARGS...: one suite run in its own process under LIMIT_S seconds, its record into $OUT/results
+# suite LIMIT_S ARGS...: one suite run in its own process under LIMIT_S seconds (then interrupted: the harness
+# still saves what the run measured), its record into $OUT/results
 suite() {
   local limit=$1; shift
   cp benchmarks/results/"$1"_*.json "$OUT/results/" 2>/dev/null
-  timeout "$limit" python3 -m benchmarks "$@" --results "$OUT/results" >> "$LOG" 2>&1
+  timeout -s INT -k 30 "$limit" python3 -m benchmarks "$@" --results "$OUT/results" >> "$LOG" 2>&1
   local rc=$?
   echo "$* rc=$rc"; tail -3 "$LOG" | cut -c1-200
 }
