@@ -165,7 +165,7 @@ def rmsnorm_reference(x, w, eps: float = 1e-5, block: int = RMSNORM_BLOCK) -> np
     # END SOLUTION
 
 
-def _attend_pieces(q, k, v, bounds, scale, acc_t):
+def attend_pieces(q, k, v, bounds, scale, acc_t):
     """One query row group (G, D) against keys (n, D) cut at ``bounds``: each piece's partial (m, l, o) in
     ``acc_t`` (computed in float64, rounded once), merged left to right through their maxima -- the merge of
     chapter 5. Pieces past the last visible key are empty and weigh nothing."""
@@ -221,7 +221,7 @@ def attention_reference(q, k_cache, v_cache, block_tables, context_lens, cu_seql
             cut = [min(b, pos + 1) for b in bounds]
             for h in range(Hkv):
                 rows = slice(h * group, (h + 1) * group)
-                out[t, rows] = _attend_pieces(q[t, rows], k[:, h], v[:, h], cut, scale, acc_t)
+                out[t, rows] = attend_pieces(q[t, rows], k[:, h], v[:, h], cut, scale, acc_t)
     return out.astype(q.dtype, copy=False)
 
 

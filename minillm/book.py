@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-_PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent
 
 
 def glue(name: str, value, display: bool = False) -> None:
@@ -107,7 +107,7 @@ def result_path(name: str) -> Path:
     """A recorded GPU results file, one per benchmark suite and GPU (``flash_h200.json``): ``benchmarks/results/``
     in a checkout, else the copy an installed wheel ships in ``minillm/results/`` (``make dist`` puts it there).
     No path relative to the notebook."""
-    for folder in (_PACKAGE.parent / "benchmarks" / "results", _PACKAGE / "results"):
+    for folder in (PACKAGE.parent / "benchmarks" / "results", PACKAGE / "results"):
         if (folder / name).exists():
             return folder / name
     raise FileNotFoundError(f"no recorded result {name!r} in a checkout's benchmarks/results or in the package")
@@ -130,7 +130,7 @@ def benchmark_command(suite: str) -> list[str] | None:
     None from an installed package (the harness is not in the wheel). Append options such as ``--out FILE``."""
     import sys
 
-    harness = _PACKAGE.parent / "benchmarks"
+    harness = PACKAGE.parent / "benchmarks"
     return [sys.executable, str(harness), suite] if (harness / "bench.py").exists() else None
 
 
@@ -141,7 +141,7 @@ def source_claims(path: Path | None = None) -> list[dict]:
     ``{"chapter": "chapters/NN_x", "verdict": <the claim text passed to verdict>}``, or None while no chapter
     checks the claim; such a claim may carry ``why_unchecked``, the reason no code can check it. Raises ValueError on a malformed inventory.
     """
-    path = _PACKAGE / "data" / "source_claims.json" if path is None else Path(path)
+    path = PACKAGE / "data" / "source_claims.json" if path is None else Path(path)
     doc = json.loads(path.read_text())
     sections, claims = doc.get("sections"), doc.get("claims")
     if not isinstance(sections, list) or not isinstance(claims, list) or not claims:

@@ -32,9 +32,9 @@ def sections() -> list[str]:
     """The page's sections in order (section n is ``sections()[n - 1]``)."""
     import json
 
-    from .book import _PACKAGE
+    from .book import PACKAGE
 
-    return json.loads((_PACKAGE / "data" / "source_claims.json").read_text())["sections"]
+    return json.loads((PACKAGE / "data" / "source_claims.json").read_text())["sections"]
 
 
 def claim(claim_id: str) -> dict:

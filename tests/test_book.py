@@ -90,7 +90,7 @@ def test_result_path_falls_back_to_the_copy_an_installed_wheel_ships(tmp_path, m
 
     (tmp_path / "minillm" / "results").mkdir(parents=True)
     (tmp_path / "minillm" / "results" / "x_h200.json").write_text(json.dumps({"records": {"r": {"meta": {}}}}))
-    monkeypatch.setattr(book, "_PACKAGE", tmp_path / "minillm")  # an installed package: no benchmarks/ beside it
+    monkeypatch.setattr(book, "PACKAGE", tmp_path / "minillm")  # an installed package: no benchmarks/ beside it
     assert book.result_path("x_h200.json") == tmp_path / "minillm" / "results" / "x_h200.json"
     assert book.load_result("x_h200.json", "r") == {"meta": {}}
     assert book.benchmark_command("flash") is None

@@ -64,3 +64,30 @@ def test_package_has_no_import_cycles():
 
 def test_kvcache_imports_nothing_from_the_package():
     assert _package_import_graph()["minillm.kvcache"] == set()
+
+
+def test_package_imports_no_private_name_across_modules():
+    """A module's underscored names are its own: no other module imports them (issue 33). A private *module*
+    (``explorables/_base.py``) may serve the modules of its own folder."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "minillm"
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            if not (node.level or (node.module or "").startswith("minillm")):
+                continue
+            found += [f"{path.relative_to(root)}: {a.name} from {node.module}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found
+
+
+def test_no_module_over_700_lines():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "minillm"
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 700}
+    assert not long, long

@@ -560,10 +560,10 @@ def find_window_leaks(tree: Path, windows: dict) -> list[str]:
             except SyntaxError:
                 parsed = None
             if parsed is not None:
-                from .markers import _functions
+                from .markers import functions
 
                 pkg_rel = rel[len("minillm/"):]
-                funcs = _functions(parsed)
+                funcs = functions(parsed)
                 allowed = [(fn.lineno, fn.end_lineno) for q, fn in funcs if (pkg_rel, q) in GIVEN_LOOKALIKES]
                 # a signature repeats the argument list of the call in a solution: not a leak
                 allowed += [(fn.lineno, fn.body[0].lineno - 1) for q, fn in funcs if fn.body[0].lineno > fn.lineno]

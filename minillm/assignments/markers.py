@@ -36,7 +36,7 @@ class Region:
     indent: str
 
 
-def _functions(tree: ast.AST) -> list[tuple[str, ast.AST]]:
+def functions(tree: ast.AST) -> list[tuple[str, ast.AST]]:
     out = []
 
     def walk(node, prefix):
@@ -59,7 +59,7 @@ def find_regions(text: str, path: str) -> list[Region]:
         tree = ast.parse(text)
     except SyntaxError as e:
         raise AssignmentError(f"{path}: cannot parse: {e}") from e
-    funcs = _functions(tree)
+    funcs = functions(tree)
     regions, open_at = [], None
     for i, line in enumerate(lines):
         s = line.strip()

@@ -277,7 +277,7 @@ ASSIGNMENTS: dict[int, Assignment] = {a.number: a for a in (
               "y = x * r rounded to x's dtype, times w, back to x's dtype"),
          Part("batch_invariant.py", "split_bounds_by_size",
               "cuts every size keys: 0, size, 2*size, ..., n ([0, 0] for n = 0); size < 1 is a ValueError"),
-         Part("batch_invariant.py", "_attend_pieces",
+         Part("batch_invariant.py", "attend_pieces",
               "for each non-empty piece [lo, hi): scores in float64 times scale, the piece's max, exp, its l and "
               "o rounded to acc_t once; merge into the running (m, l, o) left to right: rescale both by exp(m_old "
               "- m_new) and exp(m_piece - m_new) (0 while nothing is merged), in acc_t; return o / l")),

@@ -6,10 +6,10 @@ import math
 
 from .palette import FONT, arrow, blank, box, label, new_figure, positive_int, title
 
-_NAMES = "ABCDEFGH"
+NAMES = "ABCDEFGH"
 
 
-def _default_block_size() -> int:
+def default_block_size() -> int:
     from ..paged.allocator import BlockAllocator
 
     return inspect.signature(BlockAllocator.__init__).parameters["block_size"].default
@@ -38,7 +38,7 @@ def block_table(seq_lens=(37, 12, 50), reserved=(64, 24, 80), finished: int = 1,
     if waiting <= reserved[finished]:
         raise ValueError(f"waiting ({waiting}) must exceed the hole the finished sequence leaves "
                          f"({reserved[finished]}), or there is no external fragmentation to show")
-    block_size = positive_int("block_size", _default_block_size() if block_size is None else block_size)
+    block_size = positive_int("block_size", default_block_size() if block_size is None else block_size)
     tail = waiting - 1                         # free at the end of the pool: too short on its own, as is the hole
     pool_tokens = sum(reserved) + tail
     num_blocks = pool_tokens // block_size
@@ -49,7 +49,7 @@ def block_table(seq_lens=(37, 12, 50), reserved=(64, 24, 80), finished: int = 1,
     scale = 10.0 / pool_tokens
     x = 0.0
     for i, (used, res) in enumerate(zip(seq_lens, reserved)):
-        name = _NAMES[i]
+        name = NAMES[i]
         if i == finished:
             box(top, x, 0, res * scale, 0.6, f"hole ({res})", "neutral", gid="hole", fontsize=FONT["small"])
         else:
@@ -81,7 +81,7 @@ def block_table(seq_lens=(37, 12, 50), reserved=(64, 24, 80), finished: int = 1,
     cell = 0.55
     for i in sorted(tables, reverse=True):
         tab, n = tables[i], lens[i]
-        name = _NAMES[i] if i < new else f"{_NAMES[new]} (was waiting)"
+        name = NAMES[i] if i < new else f"{NAMES[new]} (was waiting)"
         label(bottom, -0.2, y + cell / 2, f"{name}, {n} tokens", ha="right", size="small")
         for k in range(len(tab)):
             fill = min(block_size, n - k * block_size) / block_size
@@ -101,7 +101,7 @@ def block_table(seq_lens=(37, 12, 50), reserved=(64, 24, 80), finished: int = 1,
         bx, by = px0 + c * cell, y - (r + 1) * (cell + 0.08)
         if b in owner:
             i, k = owner[b]
-            box(bottom, bx, by, cell * 0.92, cell, f"{_NAMES[i]}{k}", "chip", gid="physical-block",
+            box(bottom, bx, by, cell * 0.92, cell, f"{NAMES[i]}{k}", "chip", gid="physical-block",
                 fontsize=FONT["small"] - 1)
         else:
             box(bottom, bx, by, cell * 0.92, cell, str(b), "neutral", gid="physical-block", fontsize=FONT["small"] - 1)

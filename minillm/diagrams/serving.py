@@ -37,7 +37,7 @@ def ragged_batch(num_new=(1, 1, 5), context_lens=(37, 20, 5), block_size: int | 
     where each sequence's whole context of ``context_lens[s]`` tokens lives."""
     from ..paged.allocator import BlockAllocator
     from ..serving.batch import slot_mapping
-    from .paging import _NAMES, _default_block_size
+    from .paging import NAMES, default_block_size
 
     num_new = [positive_int("num_new", v) for v in num_new]
     context_lens = [positive_int("context_lens", v) for v in context_lens]
@@ -47,7 +47,7 @@ def ragged_batch(num_new=(1, 1, 5), context_lens=(37, 20, 5), block_size: int | 
         raise ValueError(f"context_lens (which count the new tokens) must be >= num_new, got {context_lens}")
     if sum(num_new) > 16:
         raise ValueError(f"num_new: at most 16 tokens in all draw legibly, got {sum(num_new)}")
-    block_size = positive_int("block_size", _default_block_size() if block_size is None else block_size)
+    block_size = positive_int("block_size", default_block_size() if block_size is None else block_size)
     alloc = BlockAllocator(sum(-(-c // block_size) for c in context_lens), block_size)
     tables = [[alloc.allocate() for _ in range(-(-c // block_size))] for c in context_lens]
     cu = np.concatenate([[0], np.cumsum(num_new)])
@@ -63,7 +63,7 @@ def ragged_batch(num_new=(1, 1, 5), context_lens=(37, 20, 5), block_size: int | 
             role = "compute" if n == 1 else "memory"
             for t in range(n):
                 x = (cu[s] + t) * cell
-                text = _NAMES[s] if values is None else str(int(values[s][t]))
+                text = NAMES[s] if values is None else str(int(values[s][t]))
                 box(ax, x, y, cell * 0.92, 0.5, text, role, gid="token" if values is None else name,
                     fontsize=FONT["small"])
     for s, c in enumerate(cu):
@@ -75,7 +75,7 @@ def ragged_batch(num_new=(1, 1, 5), context_lens=(37, 20, 5), block_size: int | 
     label(ax, x_tab, 2.85, "block tables (context length)", ha="left", size="small")
     for s, (t, c) in enumerate(zip(tables, context_lens)):
         kind = "decode" if num_new[s] == 1 else f"prefill chunk of {num_new[s]}"
-        box(ax, x_tab, 2.1 - s * 0.6, 4.2, 0.45, f"{_NAMES[s]} ({kind}, context {c}): {t}",
+        box(ax, x_tab, 2.1 - s * 0.6, 4.2, 0.45, f"{NAMES[s]} ({kind}, context {c}): {t}",
             "compute" if num_new[s] == 1 else "memory", gid="block-table", fontsize=FONT["small"])
     label(ax, 0, -0.1, f"{len(num_new)} sequences, {int(cu[-1])} tokens in one step; slot = block table "
           f"entry x {block_size} + position mod {block_size}", ha="left", size="small")

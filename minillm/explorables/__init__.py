@@ -27,9 +27,9 @@ from minillm.paged.cache import PagedKVCache
 from minillm.hardware import GPUS
 from minillm.sizing import DTYPE_BYTES, GIB, MODELS, capacity
 
-from minillm.explorables._base import _COMMON_JS, _widget_class  # noqa: F401  (shared by every explorable)
+from minillm.explorables._base import COMMON_JS, widget_class  # noqa: F401  (shared by every explorable)
 
-_SOFTMAX_JS = _COMMON_JS + """
+_SOFTMAX_JS = COMMON_JS + """
 // The online softmax of chapter 5, recomputed here from the saved scores, one tile per click.
 export function steps(x, tile) {
   const out = [];
@@ -105,7 +105,7 @@ function render({ model, el }) {
 export default { render };
 """
 
-_ALLOCATOR_JS = _COMMON_JS + """
+_ALLOCATOR_JS = COMMON_JS + """
 // The block pool of chapter 7 (minillm.paged: BlockAllocator + PagedKVCache's append/fork/release),
 // recomputed in the page. Free list: a queue, blocks 0, 1, 2, ... first, then in the order freed.
 export function makePool(numBlocks, blockSize) {
@@ -192,7 +192,7 @@ function render({ model, el }) {
 export default { render };
 """
 
-_SIZING_JS = _COMMON_JS + """
+_SIZING_JS = COMMON_JS + """
 // The KV-cache and capacity formulas of minillm.sizing (chapter 3), recomputed in the page.
 export function kvBytes(m, tokens, bytes, batch) {
   const el = m.attention === "MLA" ? batch * tokens * m.n_layers * (m.kv_lora_rank + m.qk_rope_dim)
@@ -279,7 +279,7 @@ def online_softmax_steps(scores, tile: int) -> list[dict]:
 def online_softmax_explorable(scores, tile: int = 4):
     """Chapter 5's step-through as an offline widget (or, without anywidget, printed)."""
     steps = online_softmax_steps(scores, tile)
-    cls = _widget_class("OnlineSoftmaxExplorable", _SOFTMAX_JS, {"scores": "list", "tile": "int"})
+    cls = widget_class("OnlineSoftmaxExplorable", _SOFTMAX_JS, {"scores": "list", "tile": "int"})
     if cls is None:
         print("(anywidget is not installed: the steps as text)")
         for s in steps:
@@ -320,7 +320,7 @@ def replay_paged_script(num_blocks: int, block_size: int, script) -> list[dict[s
 def paged_allocator_explorable(num_blocks: int, block_size: int, script):
     """Chapter 7's block pool as an offline widget (or, without anywidget, printed)."""
     states = replay_paged_script(num_blocks, block_size, script)
-    cls = _widget_class("PagedAllocatorExplorable", _ALLOCATOR_JS,
+    cls = widget_class("PagedAllocatorExplorable", _ALLOCATOR_JS,
                         {"num_blocks": "int", "block_size": "int", "script": "list", "expected": "dict"})
     if cls is None:
         print("(anywidget is not installed: the scenario as text)")
@@ -342,7 +342,7 @@ def sizing_explorable(model: str = "Llama 3.1 70B", context: int = 32_000, batch
     """Chapter 3's KV-cache calculator as an offline widget (or, without anywidget, printed)."""
     cap = capacity(model, gpu, context, weight_dtype="bf16", cache_dtype="fp16", activation_reserve=reserve,
                    n_gpus=n_gpus)  # also validates the arguments
-    cls = _widget_class("SizingExplorable", _SIZING_JS, {
+    cls = widget_class("SizingExplorable", _SIZING_JS, {
         "models": "list", "gpus": "dict", "dtypes": "dict", "model": "str", "context": "int", "batch": "int",
         "gpu": "str", "n_gpus": "int", "reserve": "float"})
     if cls is None:

@@ -13,7 +13,7 @@ _CSS = """
 .minillm-explorable .ok { color: #1a7f37; } .minillm-explorable .bad { color: #b00020; }
 """
 
-_COMMON_JS = """
+COMMON_JS = """
 const h = (tag, attrs = {}, ...kids) => {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -38,7 +38,7 @@ def _anywidget():
 _CLASSES: dict[str, type] = {}
 
 
-def _widget_class(name: str, esm: str, traits: dict):
+def widget_class(name: str, esm: str, traits: dict):
     """An anywidget class (made once per name) with ``traits`` synced; None where anywidget is missing."""
     mods = _anywidget()
     if mods is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minillm.explorables._base import _COMMON_JS, _widget_class
+from minillm.explorables._base import COMMON_JS, widget_class
 from minillm.hardware import GPUS
 from minillm.sizing import MODELS
 
@@ -26,7 +26,7 @@ BATCHES = [2 ** i for i in range(11)]  # 1 .. 1024, the slider's stops
 _FIELDS = ("weight_bytes", "kv_bytes_per_token", "flops_per_token", "attn_flops_per_context_token", "bandwidth",
            "flops", "overhead")
 
-_FRONTIER_JS = _COMMON_JS + """
+_FRONTIER_JS = COMMON_JS + """
 // The step-cost model of minillm.serving.StepCost, recomputed in the page (decode steps: one new token per sequence).
 export function stepSeconds(m, batch, context) {
   const mem = m.weight_bytes + m.kv_bytes_per_token * batch * (context + 1);
@@ -158,7 +158,7 @@ def frontier_explorable(model: str = "Llama 3.1 8B", gpu: str = "H200", context:
         sweep = {"label": str(measured_label), "batch": [int(b) for b in measured.batch],
                  "tok_per_s": [float(v) for v in measured.tok_per_s],
                  "per_request_tok_per_s": [float(v) for v in measured.per_request_tok_per_s]}
-    cls = _widget_class("FrontierExplorable", _FRONTIER_JS, {
+    cls = widget_class("FrontierExplorable", _FRONTIER_JS, {
         "configs": "dict", "batches": "list", "model": "str", "gpu": "str", "context": "int", "batch": "int",
         "measured": "dict"})
     if cls is None:

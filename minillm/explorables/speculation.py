@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 
-from minillm.explorables._base import _COMMON_JS, _widget_class
+from minillm.explorables._base import COMMON_JS, widget_class
 from minillm.studies.speculation import expected_tokens_per_call, speedup_model
 
 K_MAX = 16  # the slider's range of draft lengths, and the range best_k searches
 
-_SPEC_JS = _COMMON_JS + """
+_SPEC_JS = COMMON_JS + """
 // Chapter 9's cost model, recomputed in the page from the sliders.
 export function tokensPerCall(a, k) {           // 1 + a + ... + a^k, i.e. (1 - a^(k+1)) / (1 - a)
   return a < 1 ? (1 - a ** (k + 1)) / (1 - a) : k + 1;
@@ -132,7 +132,7 @@ def speculation_explorable(alpha: float = 0.7, k: int = 4, c: float = 0.1, prese
             raise ValueError(f"a preset has name, alpha, c and optionally k and note, got {sorted(p)}")
         _check(p["alpha"], p.get("k", 1), p["c"])
         p["alpha"], p["c"] = float(p["alpha"]), float(p["c"])
-    cls = _widget_class("SpeculationExplorable", _SPEC_JS, {
+    cls = widget_class("SpeculationExplorable", _SPEC_JS, {
         "alpha": "float", "k": "int", "c": "float", "k_max": "int", "presets": "list"})
     if cls is None:
         print("(anywidget is not installed: the cost model as text)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from minillm.attention import TILE_FULL, TILE_MASKED, TILE_SKIPPED, tile_plan
-from minillm.explorables._base import _COMMON_JS, _widget_class
+from minillm.explorables._base import COMMON_JS, widget_class
 
 #: the largest grid the widget draws per side (the reader is told to pick larger tiles beyond it)
 MAX_TILES_PER_SIDE = 64
@@ -66,7 +66,7 @@ def schedule_text(n: int, block_m: int, block_n: int, causal: bool) -> str:
     return "\n".join(lines)
 
 
-_TILES_JS = _COMMON_JS + """
+_TILES_JS = COMMON_JS + """
 // Chapter 6's tile schedule (minillm.attention.tile_plan and the kernel's launch order), recomputed in the page.
 export const MAX_SIDE = __MAX_SIDE__;
 export function plan(nq, nk, bm, bn, causal) {
@@ -192,7 +192,7 @@ TILES = (16, 32, 64, 128, 256)
 def tile_schedule_explorable(n: int = 1000, block_m: int = 128, block_n: int = 128, causal: bool = True):
     """Chapter 6's tile schedule as an offline widget (or, without anywidget, printed as text)."""
     tile_schedule(n, block_m, block_n, causal)  # validates the starting point
-    cls = _widget_class("TileScheduleExplorable", _TILES_JS, {
+    cls = widget_class("TileScheduleExplorable", _TILES_JS, {
         "n": "int", "block_m": "int", "block_n": "int", "causal": "int", "lengths": "list", "tiles": "list"})
     if cls is None:
         print("(anywidget is not installed: the schedule as text)")

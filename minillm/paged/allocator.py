@@ -33,11 +33,11 @@ class OutOfBlocks(RuntimeError):
         self.requested, self.free = requested, free
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _check_count(name: str, value, minimum: int = 1) -> int:
+def check_count(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or int(value) != value or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
@@ -54,8 +54,8 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16):
-        self.num_blocks = _check_count("num_blocks", num_blocks)
-        self.block_size = _check_count("block_size", block_size)
+        self.num_blocks = check_count("num_blocks", num_blocks)
+        self.block_size = check_count("block_size", block_size)
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(self.num_blocks))
         self._refs = [0] * self.num_blocks
 

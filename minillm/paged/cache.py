@@ -24,7 +24,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from .allocator import BlockAllocator, OutOfBlocks, _ceil_div, _check_count
+from .allocator import BlockAllocator, OutOfBlocks, ceil_div, check_count
 from .prefix_cache import PrefixCache
 
 
@@ -53,9 +53,9 @@ class PagedKVCache:
 
     def __init__(self, n_layers: int, n_kv_heads: int, d_head: int, num_blocks: int, block_size: int = 16,
                  dtype=np.float32):
-        self.n_layers = _check_count("n_layers", n_layers)
-        self.n_kv_heads = _check_count("n_kv_heads", n_kv_heads)
-        self.d_head = _check_count("d_head", d_head)
+        self.n_layers = check_count("n_layers", n_layers)
+        self.n_kv_heads = check_count("n_kv_heads", n_kv_heads)
+        self.d_head = check_count("d_head", d_head)
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.num_blocks, self.block_size = self.allocator.num_blocks, self.allocator.block_size
         shape = (self.n_layers, self.num_blocks, self.block_size, self.n_kv_heads, self.d_head)
@@ -144,7 +144,7 @@ class PagedKVCache:
         # A shared block is copied before a write, and so is a named (prefix-cached) one: after a truncate the
         # last block can be a full cached block cut short, and its cached content must survive.
         cow = fill > 0 and (self.allocator.refcount(table[-1]) > 1 or self.prefix_cache.is_named(table[-1]))
-        need = _ceil_div(cur + n, bs) - len(table) + cow
+        need = ceil_div(cur + n, bs) - len(table) + cow
         if need > self.allocator.num_free:
             raise OutOfBlocks(f"sequence {seq_id!r}: appending {n} tokens at length {cur} needs {need} new "
                               f"block(s){' (one for copy-on-write)' if cow else ''}, {self.allocator.num_free} "
@@ -155,7 +155,7 @@ class PagedKVCache:
             self.v_pool[:, new, :fill] = self.v_pool[:, old, :fill]
             self.allocator.decref(old)
             table[-1] = new
-        while len(table) < _ceil_div(cur + n, bs):
+        while len(table) < ceil_div(cur + n, bs):
             table.append(self._allocate())
         pos = np.arange(cur, cur + n)
         phys = np.asarray(table)[pos // bs]
@@ -207,7 +207,7 @@ class PagedKVCache:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= cur:
             raise ValueError(f"truncate needs an integer in [0, {cur}] (sequence {seq_id!r}'s length), got {n!r}")
         n, bs = int(n), self.block_size
-        self.allocator.drop_tail(table, _ceil_div(n, bs))
+        self.allocator.drop_tail(table, ceil_div(n, bs))
         self.seq_lens[seq_id] = n
         chain, pending = self._chain[seq_id], self._pending[seq_id]
         full, rest = divmod(n, bs)
@@ -281,7 +281,7 @@ class PagedKVCache:
             raise AssertionError("seq_lens and block_tables name different sequences")
         for s, table in self.block_tables.items():
             n = self.seq_lens[s]
-            if len(table) != _ceil_div(n, bs):
+            if len(table) != ceil_div(n, bs):
                 raise AssertionError(f"sequence {s!r} has length {n} but {len(table)} blocks of {bs}")
         self.prefix_cache.check_invariants(self.block_tables.items())
         for s in self.block_tables:

@@ -13,7 +13,7 @@ the next token's logits come from the last prompt token's forward pass.
 """
 from __future__ import annotations
 
-from ..paged.allocator import BlockAllocator, OutOfBlocks, _ceil_div
+from ..paged.allocator import BlockAllocator, OutOfBlocks, ceil_div
 from ..paged.prefix_cache import PrefixCache
 from .sequence import Sequence
 
@@ -33,7 +33,7 @@ class BlockManager:
         return self.allocator.num_free
 
     def blocks_for(self, n_tokens: int) -> int:
-        return _ceil_div(n_tokens, self.block_size)
+        return ceil_div(n_tokens, self.block_size)
 
     def blocks_needed(self, seq: Sequence, n_tokens: int) -> int:
         """New blocks ``seq`` needs so that its first ``n_tokens`` tokens have slots."""

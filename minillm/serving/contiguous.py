@@ -22,7 +22,7 @@ There is no prefix caching.
 """
 from __future__ import annotations
 
-from ..paged.allocator import OutOfBlocks, _check_count
+from ..paged.allocator import OutOfBlocks, check_count
 from .sequence import Sequence
 
 STRATEGIES = ("reserve_max", "grow_copy", "guess")
@@ -37,7 +37,7 @@ class FirstFitAllocator:
     """
 
     def __init__(self, capacity: int):
-        self.capacity = _check_count("capacity", capacity)
+        self.capacity = check_count("capacity", capacity)
         self.holes: list[list[int]] = [[0, self.capacity]]   # [start, size], sorted by start
         self.free_slots = self.capacity
 
@@ -109,10 +109,10 @@ class ContiguousManager:
         self.mem = FirstFitAllocator(num_slots)
         self.num_blocks = self.mem.capacity
         self.strategy = strategy
-        self.max_context = self.num_blocks if max_context is None else _check_count("max_context", max_context)
+        self.max_context = self.num_blocks if max_context is None else check_count("max_context", max_context)
         if strategy == "guess" and guess_output is None:
             raise ValueError("the 'guess' strategy needs guess_output (the output length it reserves for)")
-        self.guess_output = 0 if guess_output is None else _check_count("guess_output", guess_output, 0)
+        self.guess_output = 0 if guess_output is None else check_count("guess_output", guess_output, 0)
         self.tokens_copied = 0          # K/V token slots copied by moves to a new range
         self.num_moves = 0
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from .engine import LLMEngine, TokenStream
 from .outputs import RequestOutput
 from .scheduler import SchedulerConfig
-from .sequence import SamplingParams, _int
+from .sequence import SamplingParams, check_int
 
 __all__ = ["LLM", "SamplingParams", "apply_chat_template"]
 
@@ -96,9 +96,9 @@ class LLM:
         self._check_runner_kw(runner, runner_kw)
         if runner == "torch":
             runner_kw = {**runner_kw, "cuda_graphs": not enforce_eager}
-        block_size = _int("block_size", block_size, 1)
+        block_size = check_int("block_size", block_size, 1)
         if num_blocks is not None:
-            num_blocks = _int("num_blocks", num_blocks, 1)
+            num_blocks = check_int("num_blocks", num_blocks, 1)
         sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 max_prefill_chunk=max_prefill_chunk, enable_chunked_prefill=enable_chunked_prefill,
                                 num_speculative_tokens=num_speculative_tokens)

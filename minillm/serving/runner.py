@@ -24,7 +24,7 @@ import numpy as np
 
 from ..sampling import draft_batch, sample_batch, verify_batch
 from .batch import StepBatch
-from .sequence import _int
+from .sequence import check_int
 
 
 def seq_sampling_arrays(seqs):
@@ -47,7 +47,7 @@ class NumpyRunner:
 
     def __init__(self, model, num_blocks: int, block_size: int, dtype=np.float32):
         cfg = model.config
-        num_blocks, block_size = _int("num_blocks", num_blocks, 1), _int("block_size", block_size, 1)
+        num_blocks, block_size = check_int("num_blocks", num_blocks, 1), check_int("block_size", block_size, 1)
         self.model, self.block_size = model, block_size
         shape = (cfg.n_layers, num_blocks, self.block_size, cfg.n_kv_heads, cfg.d_head)
         self.k_pool, self.v_pool = np.zeros(shape, dtype), np.zeros(shape, dtype)

@@ -18,7 +18,7 @@ import numpy as np
 from ..sampling import SEED_LIMIT
 
 
-def _int(name: str, value, minimum: int) -> int:
+def check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__") or int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
@@ -137,17 +137,17 @@ class SamplingParams:
             if not isinstance(k, (bool, np.bool_)) and hasattr(k, "__index__") and int(k) in (0, -1):
                 set_("top_k", None)                 # vLLM's "off" (-1, and 0 in its newer releases)
             else:
-                set_("top_k", _int("top_k", k, 1))
-        set_("max_tokens", _int("max_tokens", self.max_tokens, 1))
-        set_("n", _int("n", self.n, 1))
+                set_("top_k", check_int("top_k", k, 1))
+        set_("max_tokens", check_int("max_tokens", self.max_tokens, 1))
+        set_("n", check_int("n", self.n, 1))
         if self.seed is not None:
-            seed = _int("seed", self.seed, 0)
+            seed = check_int("seed", self.seed, 0)
             if seed >= SEED_LIMIT:
                 raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}: the sampler hashes "
                                  f"32 bits of it, so seed and seed + 2**32 would give the same tokens")
             set_("seed", seed)
         if self.logprobs is not None:
-            lp = _int("logprobs", self.logprobs, 0)
+            lp = check_int("logprobs", self.logprobs, 0)
             if lp > MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
             set_("logprobs", lp)

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..paged.allocator import _check_count
+from ..paged.allocator import check_count
 from ..serving import (BlockManager, ContiguousManager, LLMEngine, RequestRejected, SamplingParams,
                        SchedulerConfig, SimulatedRunner)
 from ..serving.contiguous import STRATEGIES as CONTIGUOUS_STRATEGIES
@@ -44,8 +44,8 @@ def chat_trace(n_requests: int, seed: int = 0, max_context: int = 4096, prompt_m
     is always limited by memory: the regime in which memory management decides
     throughput.
     """
-    n = _check_count("n_requests", n_requests)
-    max_context = _check_count("max_context", max_context, 2)
+    n = check_count("n_requests", n_requests)
+    max_context = check_count("max_context", max_context, 2)
     rng = np.random.default_rng(seed)
     prompt = np.clip(np.rint(rng.lognormal(math.log(prompt_median), PROMPT_SIGMA, n)), 1, max_context - 1)
     output = np.rint(rng.lognormal(math.log(output_median), OUTPUT_SIGMA, n))

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..paged.allocator import _ceil_div, _check_count
+from ..paged.allocator import ceil_div, check_count
 from ..paged.cache import PagedKVCache
 
 
@@ -21,10 +21,10 @@ def agent_workload(n_agents: int, system_prompt_len: int, user_len: int, seed: i
                    vocab_size: int = 32000) -> list[PromptRequest]:
     """``n_agents`` requests with the same ``system_prompt_len`` tokens in front of ``user_len`` tokens of their own."""
     rng = np.random.default_rng(seed)
-    system = rng.integers(0, vocab_size, _check_count("system_prompt_len", system_prompt_len, 0)).tolist()
-    user_len = _check_count("user_len", user_len)   # >= 1: the last prompt token is always computed
+    system = rng.integers(0, vocab_size, check_count("system_prompt_len", system_prompt_len, 0)).tolist()
+    user_len = check_count("user_len", user_len)   # >= 1: the last prompt token is always computed
     return [PromptRequest(i, tuple(system + rng.integers(0, vocab_size, user_len).tolist()), output_len)
-            for i in range(_check_count("n_agents", n_agents))]
+            for i in range(check_count("n_agents", n_agents))]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class PrefixSharingStats:
 
 def _run_prefix(requests: Sequence[PromptRequest], block_size: int, share: bool, concurrent: bool) -> tuple[int, int]:
     """Serve the requests one after another on a real PagedKVCache; return (peak used blocks, prefill tokens)."""
-    num_blocks = sum(_ceil_div(len(r.tokens) + r.output_len, block_size) for r in requests) + 1
+    num_blocks = sum(ceil_div(len(r.tokens) + r.output_len, block_size) for r in requests) + 1
     cache = PagedKVCache(1, 1, 1, num_blocks, block_size)   # the values do not matter here, only the blocks
     peak = prefill = 0
     for r in requests:

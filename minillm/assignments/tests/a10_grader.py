@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from minillm.batch_invariant import _attend_pieces, attention_reference, rmsnorm_reference, split_bounds_by_size
+from minillm.batch_invariant import attend_pieces, attention_reference, rmsnorm_reference, split_bounds_by_size
 
 
 def _fixed_order_rmsnorm(x, w, eps, block):
@@ -172,7 +172,7 @@ def test_merge_of_pieces_skips_empty_pieces_and_survives_huge_gaps(rng):
     k[4] = q[0] * 400.0                      # one huge score: the other pieces weigh ~0 for row 0
     v = rng.normal(size=(9, 3))
     for bounds in ([0, 3, 3, 9], [0, 9], [0, 1, 2, 5, 9, 9], [0, 4, 5, 9]):
-        got = _attend_pieces(q, k, v, bounds, 0.5, np.float32)
+        got = attend_pieces(q, k, v, bounds, 0.5, np.float32)
         s = (q @ k.T) * 0.5
         p = np.exp(s - s.max(-1, keepdims=True))
         assert got.dtype == np.float32 and np.all(np.isfinite(got))
