@@ -272,14 +272,18 @@ def decode_vs_static(model: TorchModel, device, dtype, batches=(1, 8, 64), promp
         yield row
 
 
-def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
-    """Where a batch-1 decode step's time goes: top ops by device time and by host time (torch.profiler)."""
+def profile_decode(model: TorchModel, device, dtype, graphs: bool, batch: int = 1) -> dict:
+    """Where a decode step's time goes at ``batch`` sequences: top ops by device time and by host time
+    (torch.profiler over 20 steps)."""
     from torch.profiler import ProfilerActivity, profile
     cfg = model.config
-    runner = TorchRunner(model, 64, 16, device=device, dtype=dtype, cuda_graphs=graphs, attention=ATTENTION)
-    eng = LLMEngine(runner, 64, 16, cfg.max_seq_len, cfg.vocab_size, SchedulerConfig(max_num_seqs=1),
+    runner = TorchRunner(model, 8 * batch + 1, 16, device=device, dtype=dtype, cuda_graphs=graphs, attention=ATTENTION)
+    eng = LLMEngine(runner, runner.num_blocks, 16, cfg.max_seq_len, cfg.vocab_size,
+                    SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, 64 * batch)),
                     enable_prefix_caching=False)
-    rid = eng.add_request(list(range(1, 65)), SamplingParams(max_tokens=64, ignore_eos=True))
+    runner.prepare(eng.scheduler.config)
+    rids = [eng.add_request([(i + j) % (cfg.vocab_size - 1) + 1 for j in range(64)],
+                            SamplingParams(max_tokens=64, ignore_eos=True)) for i in range(batch)]
     for _ in range(8):
         eng.step()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -289,14 +293,15 @@ def profile_decode(model: TorchModel, device, dtype, graphs: bool) -> dict:
         for _ in range(n):
             eng.step()
     wall = (time.perf_counter() - t) / n
-    eng.abort_request(rid)
+    for rid in rids:
+        eng.abort_request(rid)
     rows = []
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     for e in sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0), reverse=True)[:15]:
         rows.append({"op": e.key, "count": e.count, "self_device_us_per_step": getattr(e, "self_device_time_total", 0) / n,
                      "self_cpu_us_per_step": e.self_cpu_time_total / n})
     dev_total = sum(getattr(e, "self_device_time_total", 0) for e in prof.key_averages()) / n
-    return {"cuda_graphs": runner.use_graphs, "steps": n, "wall_ms_per_step": wall * 1e3,
+    return {"cuda_graphs": runner.use_graphs, "batch": batch, "steps": n, "wall_ms_per_step": wall * 1e3,
             "device_busy_ms_per_step": dev_total / 1e3, "top_ops": rows}
 
 
@@ -352,6 +357,8 @@ def main(argv=None):
                          "against gpt-fast's compiled static-cache loop at batch 1/8/64)")
     ap.add_argument("--attention", default="triton", choices=["triton", "torch"])
     ap.add_argument("--gptfast-batches", type=int, nargs="+", default=[1, 8, 64], help="batch sizes of --parts gptfast")
+    ap.add_argument("--profile-batches", type=int, nargs="*", default=[], help="--parts profile: also profile a graphed "
+                    "decode step at these batch sizes (policy profile_decode)")
     ap.add_argument("--gptfast-repeats", type=int, default=3, help="interleaved runs of the engine and the compiled loop")
     ap.add_argument("--append", action="store_true", help="keep the runs already in --out (one model per process)")
     args = ap.parse_args(argv)
@@ -419,6 +426,10 @@ def main(argv=None):
             for graphs in (False, True):
                 r = profile_decode(model, device, dtype, graphs)
                 results["runs"].append(tag | {"policy": "profile_b1_decode"} | r)
+                save()
+            for b in args.profile_batches:   # graphed only: where a bigger batch's extra time goes
+                r = profile_decode(model, device, dtype, True, batch=b)
+                results["runs"].append(tag | {"policy": "profile_decode"} | r)
                 save()
         if "hf" in args.parts:
             try:
