@@ -177,3 +177,20 @@ def test_serving_client_smoke_serves_every_request_at_every_rate(tmp_path):
     for r in record["rates"]:
         assert r["completed"] == record["meta"]["num_prompts"] and r["failed"] == 0
         assert 0 < r["ttft"]["median"] <= r["e2e"]["median"]
+
+
+def test_archive_commit_holds_the_removed_kernels():
+    """The READMEs name the commit of the archive tag; it is in main's history and holds what the consolidation
+    removed (the private launcher, the rejected paged kernel, the study results)."""
+    import shutil
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    commit = re.search(r"archive/kernel-experiments`, commit `([0-9a-f]{7,40})`", readme).group(1)
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True)  # noqa: E731
+    if git("rev-parse", "--is-shallow-repository").stdout.strip() == "true":
+        pytest.skip("a shallow clone")
+    files = git("ls-tree", "-r", "--name-only", commit).stdout.split()
+    assert {"minillm/kernels/launch.py", "minillm/kernels/paged_heads.py",
+            "benchmarks/results/flash_attention_tune_oneloop_h200.json"} <= set(files), commit
+    assert commit in (ROOT / "benchmarks" / "results" / "README.md").read_text()
