@@ -69,6 +69,9 @@ class PagedConfig:
             raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
 
 
+DEFAULT_CONFIG = PagedConfig()
+
+
 @dataclass(frozen=True)
 class DecodeInfo:
     """What a decode call ran: the loop ("v1" or "v3"), tokens per step, splits, warps and stages, and the
@@ -350,10 +353,51 @@ def decode_dims(q, k_cache, v_cache, block_table, seq_lens, validate: bool) -> t
     return dims
 
 
+@dataclass(frozen=True)
+class _Plan:
+    tma: bool
+    tile: int
+    split_len: int
+    splits: int
+    block_d: int
+    warps: int
+    stages: int | None
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_plan(B: int, Hkv: int, D: int, block_size: int, max_len: int, element_size: int, device,
+                 config: PagedConfig, tma_allowed: bool) -> _Plan:
+    """Everything a decode call decides from its shapes alone, cached (an eager call at batch 1 is mostly host
+    time). ``tma_allowed``: v3 runs (the rule or the config wants it, and :func:`tma_unsupported` said yes)."""
+    tile = config.tile
+    use_tma = tma_allowed
+    if use_tma:
+        if tile is not None and tile != block_size:
+            raise ValueError(f"with tma=True a step is one block: tile must be the block size {block_size}, got {tile}")
+        tile = block_size
+    tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
+    sms = num_sms(device) if use_tma and not INTERPRETED else None  # v3's split count and stages read it
+    if config.num_splits:
+        splits = config.num_splits
+    elif sms is not None and B * Hkv > sms // 2:
+        # about a program per SM already: one or two splits; past the SMs, one
+        splits = tma_splits(tile, max_len) if B * Hkv <= sms else 1
+    else:
+        splits = default_splits(B, Hkv, max_len, device)
+    split_len, splits = split_plan(max_len, splits, tile)
+    if sms is not None:
+        warps, stages = tma_config(B, Hkv, sms, tile, D, element_size, _shared_per_sm(device))
+    else:
+        warps, stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
+    warps = 1 if INTERPRETED else (config.num_warps or warps)
+    stages = config.num_stages if config.num_stages is not None else stages
+    return _Plan(use_tma, tile, split_len, splits, max(16, next_power_of_2(D)), warps, stages)
+
+
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None, validate: bool = True,
                  config: PagedConfig | None = None) -> tuple[torch.Tensor, DecodeInfo]:
     """:func:`paged_attention`, returning (out, DecodeInfo): which loop ran, on how many splits, with what."""
-    config = config or PagedConfig()
+    config = config or DEFAULT_CONFIG
     B, Hq, Hkv, D, block_size, num_blocks = decode_dims(q, k_cache, v_cache, block_table, seq_lens, validate)
     if D > 256:
         raise ValueError(f"unsupported head dim {D}: at most 256")
@@ -369,55 +413,39 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None
     # the kernel takes the caches' block, slot and head strides as they are (a head-major pool passed as a
     # permuted view runs without a copy) and assumes the head dim is contiguous
     k_cache, v_cache = last_dim_contiguous(k_cache, v_cache)
-    tile = config.tile
-    use_tma = prefers_tma(B, Hkv, block_size, q.device) and tile is None if config.tma is None else config.tma
-    if use_tma:
+    want_tma = config.tma if config.tma is not None else (
+        config.tile is None and prefers_tma(B, Hkv, block_size, q.device))
+    tma_allowed = False
+    if want_tma:
         why = tma_unsupported(k_cache, v_cache, block_size)
         if why and config.tma:
             raise ValueError(f"tma=True cannot read these caches: {why}")
-        use_tma = why is None
-    if use_tma:
-        if tile is not None and tile != block_size:
-            raise ValueError(f"with tma=True a step is one block: tile must be the block size {block_size}, got {tile}")
-        tile = block_size
-    tile = tile or (16 if INTERPRETED else DEFAULT_TILE)
-    sms = num_sms(q.device) if use_tma and not INTERPRETED else None  # v3's split count and stages read it
-    if config.num_splits:
-        splits = config.num_splits
-    elif sms is not None and B * Hkv > sms // 2:
-        # about a program per SM already: one or two splits; past the SMs, one
-        splits = tma_splits(tile, max_len) if B * Hkv <= sms else 1
-    else:
-        splits = default_splits(B, Hkv, max_len, q.device)
-    split_len, splits = split_plan(max_len, splits, tile)
-    block_d = max(16, next_power_of_2(D))
-    if sms is not None:
-        warps, stages = tma_config(B, Hkv, sms, tile, D, k_cache.element_size(), _shared_per_sm(q.device))
-    else:
-        warps, stages = TMA_CONFIG if use_tma else decode_config(B, Hkv, max_len)
-    warps = 1 if INTERPRETED else (config.num_warps or warps)
-    stages = config.num_stages if config.num_stages is not None else stages
-    launch = {"num_warps": warps} if stages is None else {"num_warps": warps, "num_stages": stages}
-    direct = splits == 1  # nothing to merge: the one program writes the output
+        tma_allowed = why is None
+    plan = _decode_plan(B, Hkv, D, block_size, max_len, k_cache.element_size(), q.device, config, tma_allowed)
+    launch = {"num_warps": plan.warps} if plan.stages is None else {"num_warps": plan.warps,
+                                                                      "num_stages": plan.stages}
+    direct = plan.splits == 1  # nothing to merge: the one program writes the output
     out = torch.empty((B, Hq, D), device=q.device, dtype=out_dtype)
     if direct:  # no partials to keep (the kernel never touches them)
         m = l = o = out
     else:
-        m = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
+        m = torch.empty((B, Hq, plan.splits), device=q.device, dtype=torch.float32)
         l = torch.empty_like(m)
-        o = torch.empty((B, Hq, splits, block_d), device=q.device, dtype=torch.float32)
+        o = torch.empty((B, Hq, plan.splits, plan.block_d), device=q.device, dtype=torch.float32)
     (qc,) = last_dim_contiguous(q)
-    k_desc, v_desc = _host_descriptors(k_cache, v_cache, num_blocks, block_size, D) if use_tma else (None, None)
-    kernel = _paged_decode_kernel[(B, Hkv, splits)](
-        qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * 1.4426950408889634, split_len,
+    k_desc, v_desc = (_host_descriptors(k_cache, v_cache, num_blocks, block_size, D) if plan.tma
+                      else (None, None))
+    kernel = _paged_decode_kernel[(B, Hkv, plan.splits)](
+        qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * 1.4426950408889634, plan.split_len,
         qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
-        block_table.shape[1], splits, Hq, Hkv, Hq // Hkv, num_blocks, k_desc, v_desc, BLOCK_SIZE=block_size,
-        HEAD_DIM=D, BLOCK_D=block_d, GROUP_PAD=max(16, next_power_of_2(Hq // Hkv)), TILE=tile,
-        IEEE=q.dtype == torch.float32, DIRECT=direct, TMA=use_tma, **launch)
+        block_table.shape[1], plan.splits, Hq, Hkv, Hq // Hkv, num_blocks, k_desc, v_desc, BLOCK_SIZE=block_size,
+        HEAD_DIM=D, BLOCK_D=plan.block_d, GROUP_PAD=max(16, next_power_of_2(Hq // Hkv)), TILE=plan.tile,
+        IEEE=q.dtype == torch.float32, DIRECT=direct, TMA=plan.tma, **launch)
     if not direct:  # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel)
-        _merge_splits_kernel[(B * Hq,)](m, l, o, out, splits, HEAD_DIM=D, BLOCK_D=block_d,
-                                        SPLITS_PAD=max(2, next_power_of_2(splits)), num_warps=1 if INTERPRETED else 4)
-    return out, DecodeInfo("v3" if use_tma else "v1", tile, splits, warps, stages, kernel)
+        _merge_splits_kernel[(B * Hq,)](m, l, o, out, plan.splits, HEAD_DIM=D, BLOCK_D=plan.block_d,
+                                        SPLITS_PAD=max(2, next_power_of_2(plan.splits)),
+                                        num_warps=1 if INTERPRETED else 4)
+    return out, DecodeInfo("v3" if plan.tma else "v1", plan.tile, plan.splits, plan.warps, plan.stages, kernel)
 
 
 def paged_attention(q, k_cache, v_cache, block_table, seq_lens, scale: float | None = None, validate: bool = True,
