@@ -53,12 +53,14 @@ def cases(bwd_impl=None):
                lambda q=q, kc=kc, vc=vc, t=table, n=lens: paged_attention(q, kc, vc, t, n, validate=False))
 
 
-def run(label: str, out: str, bwd_impl: str | None = None) -> None:
+def run(label: str, out: str, bwd_impl: str | None = None, only: str | None = None) -> None:
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
     rows = []
     for name, fn in cases(bwd_impl):
+        if only and only not in name:
+            continue
         fn()
         torch.cuda.synchronize()
         eager = do_bench(fn, warmup=25, rep=100, return_mode="median")
@@ -98,9 +100,10 @@ if __name__ == "__main__":
     ap.add_argument("--label")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs="+")
+    ap.add_argument("--only", help="time only the cases whose name contains this (e.g. paged)")
     ap.add_argument("--bwd-impl", help="archive tree only: time this backward version in the fwd+bwd cases")
     a = ap.parse_args()
     if a.compare:
         compare(a.compare)
     else:
-        sys.exit(run(a.label, a.out, a.bwd_impl))
+        sys.exit(run(a.label, a.out, a.bwd_impl, a.only))
