@@ -194,7 +194,7 @@ def attend_pieces(q, k, v, bounds, scale, acc_t):
 
 def attention_reference(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, scale: float | None = None,
                         validate: bool = True, split_size: int | None = SPLIT_SIZE,
-                        num_splits: int | None = None) -> np.ndarray:
+                        num_splits: int | None = None, tile: int = 1) -> np.ndarray:
     """Causal attention of a ragged batch against a paged cache (``minillm.paged.attention``'s varlen layout:
     q (T, Hq, D), caches (num_blocks, block_size, Hkv, D), tables (S, max_blocks), context_lens (S,),
     cu_seqlens_q (S+1,)), each row's visible keys cut into pieces and merged in order.
@@ -202,7 +202,9 @@ def attention_reference(q, k_cache, v_cache, block_tables, context_lens, cu_seql
     ``split_size`` (the default): cuts at multiples of ``split_size`` key positions, so a row's pieces are the
     same whether it is a decode, a verify row or a prefill row, alone or in any batch. ``num_splits`` (with
     ``split_size=None``): each sequence's context cut into that many pieces, as a split-K decode kernel does
-    with a count it picks from the batch; a different count cuts the same row elsewhere."""
+    with a count it picks from the batch; a different count cuts the same row elsewhere. ``tile`` (with
+    ``num_splits`` only): each piece rounded up to whole tiles of that many keys, as the decode kernel's
+    ``split_plan`` does (:func:`split_bounds_by_count`); the default 1 cuts at ceil(n / num_splits)."""
     if (split_size is None) == (num_splits is None):
         raise ValueError("pass exactly one of split_size and num_splits")
     T, S, Hq, Hkv, D, _, _ = check_varlen_inputs(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
@@ -215,7 +217,8 @@ def attention_reference(q, k_cache, v_cache, block_tables, context_lens, cu_seql
     for s in range(S):
         lo, hi, n = int(cu[s]), int(cu[s + 1]), int(context_lens[s])
         k, v = gather_kv(k_cache, v_cache, block_tables, n, s)
-        bounds = split_bounds_by_size(n, split_size) if split_size else split_bounds_by_count(n, num_splits)
+        bounds = (split_bounds_by_size(n, split_size) if split_size
+                  else split_bounds_by_count(n, num_splits, tile=tile))
         for t in range(lo, hi):
             pos = n - (hi - t)                                   # this row sees keys 0..pos
             cut = [min(b, pos + 1) for b in bounds]

@@ -103,3 +103,14 @@ def test_attention_reference_fixed_size_is_row_invariant_and_fixed_count_is_not(
     np.testing.assert_allclose(a, b, atol=1e-6)
     with pytest.raises(ValueError, match="exactly one"):
         bi.attention_reference(q, kc, vc, tables, lens, cu, split_size=None)
+
+
+def test_attention_reference_split_count_rounds_pieces_to_whole_tiles():
+    """``tile`` cuts as the decode kernel's split_plan: 3 splits of 100 keys in 16-key tiles are pieces of 48 keys
+    (split_bounds_by_count(100, 3, 16)), the same cuts as a split size of 48; without a tile the cuts fall at 34."""
+    rng = np.random.default_rng(6)
+    q, kc, vc, tables, lens, cu = _ragged_case(rng, [1], [100], block_size=8, hq=4, hkv=2, d=16)
+    by_tiles = bi.attention_reference(q, kc, vc, tables, lens, cu, split_size=None, num_splits=3, tile=16)
+    assert bi.bits_differ(by_tiles, bi.attention_reference(q, kc, vc, tables, lens, cu, split_size=48)) == 0
+    untiled = bi.attention_reference(q, kc, vc, tables, lens, cu, split_size=None, num_splits=3)
+    assert bi.bits_differ(untiled, bi.attention_reference(q, kc, vc, tables, lens, cu, split_size=34)) == 0

@@ -38,19 +38,20 @@ from .paged_prefill import varlen_dims
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def matmul_config(dtype) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): one per dtype, never per shape."""
-    if INTERPRETED:
+def matmul_config(dtype, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): one per dtype, never per shape (``interpreted``: the
+    interpreter's small tiles; pass False for a GPU's on any machine)."""
+    if interpreted:
         return 16, 64, 64, 1, 1
     if dtype == torch.float32:
         return 32, 32, 32, 4, 2
     return 64, 64, 64, 4, 3
 
 
-def attention_config(dtype, group: int) -> tuple[int, int, int, int, int]:
+def attention_config(dtype, group: int, interpreted: bool = INTERPRETED) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, SPLIT, num_warps, num_stages); BLOCK_M holds at least one token's group of query heads.
-    SPLIT (keys per split) is a multiple of BLOCK_N."""
-    if INTERPRETED:
+    SPLIT (keys per split) is a multiple of BLOCK_N. ``interpreted`` as in :func:`matmul_config`."""
+    if interpreted:
         bm, bn, split, warps, stages = 16, 16, 32, 1, 1
     elif dtype == torch.float32:
         bm, bn, split, warps, stages = 32, 32, 1024, 4, 1
