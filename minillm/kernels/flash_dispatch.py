@@ -48,7 +48,8 @@ class FlashConfig:
     keys those calls take 64 x 64 tiles, 128 x 128 from it (flash_attention_diag_branch128_h200.json).
     causal_group_programs: the causal order takes heads in groups of about this many programs (two waves of two
     programs per SM on 132 SMs). split_min_n: v6 from this many queries and keys (v2 with the diagonal branch ran
-    4.0-4.4% faster at 16K, flash_attention_diag_branch16k_h200.json; 32K was not measured).
+    4.0-4.4% faster at 16K, flash_attention_diag_branch16k_h200.json; at 32K v6 ran 1.4% faster than the rule
+    without it, H100 2026-12-07, CUDA-graph medians of 3, so v6 stays).
     resume_tiles: v6's second launch (flash_attention_split_study_h200.json). split_partial_fp32: v6's partial O
     in float32 (in bf16 it broke the tolerance rule at 1024 x 3072, kernel_tests_kernels22.txt).
     """
