@@ -366,11 +366,10 @@ class _Plan:
 
 @functools.lru_cache(maxsize=256)
 def _decode_plan(B: int, Hkv: int, D: int, block_size: int, max_len: int, element_size: int, device,
-                 config: PagedConfig, tma_allowed: bool) -> _Plan:
+                 config: PagedConfig, use_tma: bool) -> _Plan:
     """Everything a decode call decides from its shapes alone, cached (an eager call at batch 1 is mostly host
-    time). ``tma_allowed``: v3 runs (the rule or the config wants it, and :func:`tma_unsupported` said yes)."""
+    time). ``use_tma``: v3 runs (the rule or the config wants it, and :func:`tma_unsupported` said yes)."""
     tile = config.tile
-    use_tma = tma_allowed
     if use_tma:
         if tile is not None and tile != block_size:
             raise ValueError(f"with tma=True a step is one block: tile must be the block size {block_size}, got {tile}")
