@@ -68,8 +68,8 @@ def run(label: str, out: str, bwd_impl: str | None = None, only: str | None = No
             graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
         rows.append({"case": name, "eager_ms": eager, "graph_ms": graph})
         print(f"{label:4s} {name:32s} eager {eager:8.4f} ms  graph {graph:8.4f} ms", flush=True)
-    with open(out, "w") as f:
-        json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+        with open(out, "w") as f:  # after every case: a run cut short by a time limit keeps what it measured
+            json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
 def compare(paths) -> None:

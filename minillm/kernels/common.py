@@ -1,5 +1,5 @@
 """What the attention kernels share: the MMA, the online-softmax step, tile loads and ranges, and the host's
-helpers (integer arithmetic, the SM count, the allocator tensor descriptors need)."""
+helpers (integer arithmetic, the SM count, the allocator tensor descriptors need, a cached launch)."""
 from __future__ import annotations
 
 import functools
@@ -7,6 +7,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import INTERPRETED
 
@@ -60,6 +61,52 @@ def tma_aligned(*tensors) -> bool:
         if t.data_ptr() % 16 or t.stride(-1) != 1 or any(st <= 0 or st * size % 16 for st in t.stride()[:3]):
             return False
     return True
+
+
+class CachedLaunch:
+    """``kernel[grid](*args, **kwargs)`` with Triton's per-call argument binding done once per key.
+
+    Each ``kernel[grid](...)`` binds every argument and asks how to specialize it (an int equal to 1, one divisible
+    by 16, a 16-byte aligned pointer...), builds a cache key and looks the compiled kernel up: microseconds per
+    launch, the most of an eager call whose kernels are short (decode at batch 1, a training step at 1K tokens).
+    Here the first call of a key goes through the public ``kernel.warmup`` (it compiles or finds the kernel:
+    Triton's own rules decide) and keeps the compiled kernel; later calls launch it with ``compiled[grid](...)``,
+    as Triton's fused-softmax tutorial does. The key holds every int and float argument's value, every tensor's
+    dtype and alignment, the keywords and the current device: finer than Triton's specialization, so two calls
+    that share a key would get the same compiled kernel. Every parameter is passed (by position, then by
+    keyword), none left to its default. In the interpreter the call goes to ``kernel[grid]``. Returns the compiled kernel."""
+
+    def __init__(self, kernel, size: int = 256):
+        self.kernel, self.size, self._entries, self._tensor_args = kernel, size, {}, {}
+
+    def __call__(self, grid, *args, **kwargs):
+        if INTERPRETED:
+            return self.kernel[grid](*args, **kwargs)
+        grid = (*grid, 1, 1)[:3]  # the compiled kernel's launcher takes all three
+        types = tuple(map(type, args))
+        where = self._tensor_args.get(types)
+        if where is None:  # which arguments are tensors or host descriptors (they hash by identity)
+            where = self._tensor_args[types] = [i for i, a in enumerate(args)
+                                                if isinstance(a, (torch.Tensor, TensorDescriptor))]
+        seen = list(args)
+        for i in where:  # what Triton specializes on: the dtype and the 16-byte alignment (a descriptor's box too)
+            a = args[i]
+            seen[i] = ((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
+                       (a.base.dtype, tuple(a.block_shape), a.base.data_ptr() % 16 == 0))
+        key = (torch.cuda.current_device(), grid, *kwargs.items(), *seen)
+        entry = self._entries.get(key)
+        if entry is None:
+            names = self.kernel.arg_names[len(args):]  # the rest, in the kernel's order
+            if missing := [n for n in names if n not in kwargs]:
+                raise TypeError(f"{self.kernel.__name__}: no value for {', '.join(missing)} (a cached launch "
+                                f"takes every parameter, by position or keyword: none by its default)")
+            compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
+            entry = (compiled, compiled[grid], tuple(kwargs[n] for n in names))
+            if len(self._entries) >= self.size:
+                del self._entries[next(iter(self._entries))]
+            self._entries[key] = entry
+        entry[1](*args, *entry[2])
+        return entry[0]
 
 
 @triton.jit

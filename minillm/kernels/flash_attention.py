@@ -38,12 +38,12 @@ from ..attention import check_attention_inputs
 from . import INTERPRETED, check_placement, check_tensors
 from . import flash_hopper
 from .flash_backward import backward as _run_backward
-from .common import LOG2E, next_power_of_2, num_sms, tma_aligned
+from .common import LOG2E, CachedLaunch, last_dim_contiguous, next_power_of_2, num_sms, tma_aligned
 from .common import causal_order as _causal_order
 from .common import key_range as _key_range
 from .common import load_tile as _load_tile
 from .common import normalize as _normalize
-from .flash_dispatch import DEFAULT, BwdPlan, FlashConfig, FwdPlan, bwd_plan, fwd_plan
+from .flash_dispatch import DEFAULT, BwdPlan, FlashConfig, FwdPlan, bwd_plan, bwd_version, fwd_plan, fwd_version
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -140,8 +140,6 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, Nq, Nk, H, GROUP, GROUP_HEADS,
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
-
-
 @dataclass(frozen=True)
 class ForwardInfo:
     """What a forward call ran: its plan (version, tiles, grid...) and the compiled kernel of its (first) launch
@@ -159,19 +157,17 @@ class BackwardInfo:
     kernel: object = None
 
 
-def _last_dim_contiguous(*tensors):
-    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+_launch_fwd = CachedLaunch(_fwd_kernel)
 
 
 def _launch_v1(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan):
     B, Hq, Nq, D = q.shape
     block_d = max(16, next_power_of_2(D))
     bm, bn, warps, stages = plan.tiles
-    return _fwd_kernel[plan.grid](q, k, v, o, lse, scale * LOG2E, Nq, k.shape[2], Hq, Hq // k.shape[1],
-                                  plan.group_heads, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                                  *o.stride()[:3], HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn,
-                                  CAUSAL=causal, PAD_D=block_d != D, IEEE=q.dtype == torch.float32,
-                                  num_warps=warps, num_stages=stages)
+    return _launch_fwd(plan.grid, q, k, v, o, lse, scale * LOG2E, Nq, k.shape[2], Hq, Hq // k.shape[1],
+                       plan.group_heads, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                       HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, PAD_D=block_d != D,
+                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
 
 
 def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT):
@@ -179,11 +175,14 @@ def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT)
     warp-specialization pass fails on some ragged shapes; OutOfResources on a smaller GPU) runs v1 instead;
     explicit tiles (``config.fwd_tiles``) raise."""
     B, Hq, Nq, D = q.shape
-    q, k, v = _last_dim_contiguous(q, k, v)
+    q, k, v = last_dim_contiguous(q, k, v)
     o = torch.empty_like(q)
     lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    # what TMA needs is checked only where the rules would run a TMA version (a few us of host time a call)
+    tma = (config.fwd or fwd_version(D, q.dtype, causal, Nq, k.shape[2], config)) != "v1"
     plan = fwd_plan(B, Hq, Nq, k.shape[2], D, q.dtype, causal, scale, config, sms=num_sms(q.device),
-                    contiguous=all(t.is_contiguous() for t in (q, k, v)), aligned=tma_aligned(q, k, v, o))
+                    contiguous=tma and all(t.is_contiguous() for t in (q, k, v)),
+                    aligned=tma and tma_aligned(q, k, v, o))
     if plan.version == "v1":
         return o, lse, ForwardInfo(plan, _launch_v1(q, k, v, o, lse, causal, scale, plan))
     try:
@@ -197,10 +196,11 @@ def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT)
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config: FlashConfig = DEFAULT):
-    q, k, v, o, do = _last_dim_contiguous(q, k, v, o, do)
+    q, k, v, o, do = last_dim_contiguous(q, k, v, o, do)
     B, Hq, Nq, D = q.shape
+    tma = (config.bwd or bwd_version(D, q.dtype, causal, Nq)) != "v2"
     plan = bwd_plan(B, Hq, k.shape[1], Nq, k.shape[2], D, q.dtype, causal, config,
-                    aligned=tma_aligned(q, k, v, do))
+                    aligned=tma and tma_aligned(q, k, v, do))
     dq, dk, dv, tiles, kernel = _run_backward(q, k, v, o, lse, do, causal, scale, plan,
                                                fallback=config.bwd_tiles is None)
     return dq, dk, dv, BackwardInfo(plan, tiles, kernel)

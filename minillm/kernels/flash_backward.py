@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from .common import LOG2E, cdiv, key_range, load_tile, mma, next_power_of_2, use_torch_allocator
+from .common import LOG2E, CachedLaunch, cdiv, key_range, load_tile, mma, next_power_of_2, use_torch_allocator
 from .flash_dispatch import BWD_FALLBACK_TILES, BwdPlan
 
 
@@ -260,6 +260,10 @@ def _bwd_kernel(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq, Nk
                          GROUP, NUM_Q_TILES, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn,
                          sdqb, sdqh, sdqn, HEAD_DIM, BLOCK_D, BLOCK_M2, BLOCK_N2, CAUSAL, PAD_D, IEEE, TMA)
 
+
+_launch_pre, _launch_bwd = CachedLaunch(_bwd_preprocess), CachedLaunch(_bwd_kernel)
+
+
 def backward(q, k, v, o, lse, do, causal: bool, scale: float, plan: BwdPlan, fallback: bool = True):
     """dq, dk, dv for ``plan`` (tensors with a contiguous last dim). With ``fallback``, tiles that do not fit the
     GPU (OutOfResources) are replaced by the first of BWD_FALLBACK_TILES that launches. Returns (dq, dk, dv,
@@ -272,8 +276,8 @@ def backward(q, k, v, o, lse, do, causal: bool, scale: float, plan: BwdPlan, fal
     delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _bwd_preprocess[plan.grids[0]](o, do, lse, delta, lse2, Nq, Hq, *o.stride()[:3], *do.stride()[:3],
-                                   HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=plan.pre_block_m)
+    _launch_pre(plan.grids[0], o, do, lse, delta, lse2, Nq, Hq, *o.stride()[:3], *do.stride()[:3],
+                HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=plan.pre_block_m)
     candidates = [plan.tiles] + ([t for t in BWD_FALLBACK_TILES if t != plan.tiles] if fallback else [])
     for i, tiles in enumerate(candidates):
         m1, n1, m2, n2, warps, stages = tiles[:6]
@@ -285,13 +289,13 @@ def backward(q, k, v, o, lse, do, causal: bool, scale: float, plan: BwdPlan, fal
                       CAUSAL=causal, PAD_D=block_d != D, IEEE=q.dtype == torch.float32, TMA=plan.tma)
         try:
             if not plan.split:
-                compiled = _bwd_kernel[(n_kv + n_q * (Hq // Hkv), B * Hkv)](
-                    *args, SIDE=0, num_warps=warps, num_stages=stages, **common)
+                compiled = _launch_bwd((n_kv + n_q * (Hq // Hkv), B * Hkv), *args, SIDE=0, num_warps=warps,
+                                       num_stages=stages, **common)
             else:
                 warps2, stages2 = tiles[6:8] if len(tiles) >= 8 else (warps, stages)
-                compiled = _bwd_kernel[(n_kv, B * Hkv)](*args, SIDE=1, num_warps=warps, num_stages=stages, **common)
-                _bwd_kernel[(n_q * (Hq // Hkv), B * Hkv)](*args, SIDE=2, num_warps=warps2, num_stages=stages2,
-                                                          **common)
+                compiled = _launch_bwd((n_kv, B * Hkv), *args, SIDE=1, num_warps=warps, num_stages=stages, **common)
+                _launch_bwd((n_q * (Hq // Hkv), B * Hkv), *args, SIDE=2, num_warps=warps2, num_stages=stages2,
+                            **common)
         except OutOfResources:
             if i == len(candidates) - 1:
                 raise

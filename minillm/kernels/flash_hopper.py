@@ -26,7 +26,7 @@ import triton.language as tl
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .common import (LOG2E, cdiv, causal_order, key_range, load_tile, mma, next_power_of_2, normalize,
+from .common import (LOG2E, CachedLaunch, cdiv, causal_order, key_range, load_tile, mma, next_power_of_2, normalize,
                      softmax_step, use_torch_allocator)
 from .flash_dispatch import FwdPlan
 
@@ -185,6 +185,9 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
     tl.store(LSE + bh * Nq + rows, lse, mask=rows < Nq)
 
 
+_launch_fwd, _launch_resume = CachedLaunch(_fwd_kernel_tma), CachedLaunch(_fwd_resume_kernel)
+
+
 def forward(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan, split_partial_fp32: bool = True):
     """Run ``plan`` (a TMA version) on contiguous-last-dim tensors into o (like q) and lse (B, Hq, Nq) float32;
     returns the compiled kernel of the (first) launch."""
@@ -205,15 +208,15 @@ def forward(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan, split_pa
     part = o
     if plan.split and split_partial_fp32 and o.dtype != torch.float32:
         part = torch.empty_like(o, dtype=torch.float32)
-    compiled = _fwd_kernel_tma[plan.grid](
-        q, k, v, part, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], plan.group_heads, n_m, n_m * B * Hq,
-        *strides, *descs, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, EVEN_N=Nk % bn == 0,
-        IEEE=ieee, WS=plan.warp_specialized, PERSISTENT=plan.persistent, SPLIT=plan.split,
+    compiled = _launch_fwd(
+        plan.grid, q, k, v, part, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], plan.group_heads, n_m,
+        n_m * B * Hq, *strides, *descs, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
+        EVEN_N=Nk % bn == 0, IEEE=ieee, WS=plan.warp_specialized, PERSISTENT=plan.persistent, SPLIT=plan.split,
         DIAG_BRANCH=plan.diag_branch, num_warps=warps, num_stages=stages)
     if plan.split:
         rm, rn, rw, rs = plan.resume
-        _fwd_resume_kernel[(cdiv(Nq, rm), B * Hq)](
-            q, k, v, o, lse, part, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *strides, HEAD_DIM=D,
-            BLOCK_D=block_d, BLOCK_M=rm, BLOCK_N=rn, FIRST_M=bm, FIRST_N=bn, PAD_D=block_d != D, IEEE=ieee,
+        _launch_resume(
+            (cdiv(Nq, rm), B * Hq), q, k, v, o, lse, part, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *strides,
+            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=rm, BLOCK_N=rn, FIRST_M=bm, FIRST_N=bn, PAD_D=block_d != D, IEEE=ieee,
             num_warps=rw, num_stages=rs)
     return compiled

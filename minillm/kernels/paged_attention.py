@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import cdiv, dot, last_dim_contiguous, mma, next_power_of_2, num_sms, softmax_step
+from .common import CachedLaunch, cdiv, dot, last_dim_contiguous, mma, next_power_of_2, num_sms, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
@@ -227,6 +227,9 @@ def _merge_splits_kernel(M, L, O, OUT, num_splits, HEAD_DIM: tl.constexpr, BLOCK
     w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_star))  # empty splits weigh nothing
     out = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
     tl.store(OUT + row * HEAD_DIM + dims, out.to(OUT.dtype.element_ty), mask=dims < HEAD_DIM)
+
+
+_launch_decode, _launch_merge = CachedLaunch(_paged_decode_kernel), CachedLaunch(_merge_splits_kernel)
 
 
 def default_splits(batch: int, hkv: int, max_len: int, device) -> int:
@@ -434,16 +437,15 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None
     (qc,) = last_dim_contiguous(q)
     k_desc, v_desc = (_host_descriptors(k_cache, v_cache, num_blocks, block_size, D) if plan.tma
                       else (None, None))
-    kernel = _paged_decode_kernel[(B, Hkv, plan.splits)](
-        qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * 1.4426950408889634, plan.split_len,
-        qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
+    kernel = _launch_decode(
+        (B, Hkv, plan.splits), qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * 1.4426950408889634,
+        plan.split_len, qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         block_table.shape[1], plan.splits, Hq, Hkv, Hq // Hkv, num_blocks, k_desc, v_desc, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=plan.block_d, GROUP_PAD=max(16, next_power_of_2(Hq // Hkv)), TILE=plan.tile,
         IEEE=q.dtype == torch.float32, DIRECT=direct, TMA=plan.tma, **launch)
     if not direct:  # merge the splits through their log-sum-exp (m is in log2 units, as in the kernel)
-        _merge_splits_kernel[(B * Hq,)](m, l, o, out, plan.splits, HEAD_DIM=D, BLOCK_D=plan.block_d,
-                                        SPLITS_PAD=max(2, next_power_of_2(plan.splits)),
-                                        num_warps=1 if INTERPRETED else 4)
+        _launch_merge((B * Hq,), m, l, o, out, plan.splits, HEAD_DIM=D, BLOCK_D=plan.block_d,
+                      SPLITS_PAD=max(2, next_power_of_2(plan.splits)), num_warps=1 if INTERPRETED else 4)
     return out, DecodeInfo("v3" if plan.tma else "v1", plan.tile, plan.splits, plan.warps, plan.stages, kernel)
 
 
