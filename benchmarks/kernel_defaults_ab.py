@@ -19,6 +19,7 @@ from collections import defaultdict
 FLASH = [(d, n, causal) for d in (64, 128) for n in (1024, 4096) for causal in (False, True)] + \
         [(128, 16384, False), (128, 16384, True), (128, 32768, True)]
 PAGED = [(b, 4096, bs) for b in (1, 16, 32, 64) for bs in (16, 64)]
+MODES = ("eager_ms", "loop_ms", "graph_ms")  # the timings of a row (files from before the loop timing lack it)
 
 
 def cases(bwd_impl=None):
@@ -98,10 +99,10 @@ def compare(paths) -> None:
     for p in paths:
         doc = json.load(open(p))
         for r in doc["rows"]:
-            for mode in ("eager_ms", "loop_ms", "graph_ms"):
+            for mode in MODES:
                 if mode in r:
                     by[r["case"]][doc["label"], mode].append(r[mode])
-    modes = [m for m in ("eager_ms", "loop_ms", "graph_ms") if any(m == k[1] for t in by.values() for k in t)]
+    modes = [m for m in MODES if any(m == k[1] for t in by.values() for k in t)]
     print(f"{'case':32s} " + " ".join(f"{'old ' + m[:-3]:>10s} {'new ' + m[:-3]:>10s} {'new/old':>8s}" for m in modes))
     for case, t in by.items():
         med = {k: statistics.median(v) for k, v in t.items()}

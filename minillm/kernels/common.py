@@ -74,7 +74,8 @@ class CachedLaunch:
     as Triton's fused-softmax tutorial does. The key holds every int and float argument's value, every tensor's
     dtype and alignment, the keywords and the current device: finer than Triton's specialization, so two calls
     that share a key would get the same compiled kernel. Every parameter is passed (by position, then by
-    keyword), none left to its default. In the interpreter the call goes to ``kernel[grid]``. Returns the compiled kernel."""
+    keyword), none left to its default. In the interpreter the call goes to ``kernel[grid]``. Returns the
+    compiled kernel."""
 
     def __init__(self, kernel, size: int = 256):
         self.kernel, self.size, self._entries, self._tensor_args = kernel, size, {}, {}

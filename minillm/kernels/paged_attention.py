@@ -36,7 +36,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..paged.attention import check_paged_inputs
 from . import INTERPRETED, check_placement, check_tensors
-from .common import CachedLaunch, cdiv, dot, last_dim_contiguous, mma, next_power_of_2, num_sms, softmax_step
+from .common import LOG2E, CachedLaunch, cdiv, dot, last_dim_contiguous, mma, next_power_of_2, num_sms, softmax_step
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TMA_MIN_BLOCK = 64  # prefers_tma: v3 by default only with blocks of at least this many tokens
@@ -438,7 +438,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale: float | None
     k_desc, v_desc = (_host_descriptors(k_cache, v_cache, num_blocks, block_size, D) if plan.tma
                       else (None, None))
     kernel = _launch_decode(
-        (B, Hkv, plan.splits), qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * 1.4426950408889634,
+        (B, Hkv, plan.splits), qc, k_cache, v_cache, block_table, seq_lens, m, l, o, out, scale * LOG2E,
         plan.split_len, qc.stride(0), qc.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_table.stride(0),
         block_table.shape[1], plan.splits, Hq, Hkv, Hq // Hkv, num_blocks, k_desc, v_desc, BLOCK_SIZE=block_size,
         HEAD_DIM=D, BLOCK_D=plan.block_d, GROUP_PAD=max(16, next_power_of_2(Hq // Hkv)), TILE=plan.tile,
