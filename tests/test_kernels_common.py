@@ -86,3 +86,27 @@ def test_cached_launch_constexpr_by_position_right():
         launch((triton.cdiv(40, block),), x, y, 40, 1, 2.0, block)
         torch.testing.assert_close(y, _want(x, 40, 1), rtol=0, atol=0)
     assert len(launch._entries) == 2
+
+
+@triton.jit
+def _scaled_copy_args_first(n, stride, factor, X, Y, BLOCK: tl.constexpr):
+    """_scaled_copy with the tensors after the scalars."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i * stride, mask=i < n) * factor, mask=i < n)
+
+
+def test_cached_launch_bind_launches_on_new_tensors():
+    """A bound launch reads the tensors passed to it, in their places, with every other argument as bound: tensors
+    first (the kernels' order) and tensors after the scalars."""
+    x0 = torch.randn(64).to(DEVICE)
+    y0 = torch.zeros(40, device=DEVICE)
+    _, lead = CachedLaunch(_scaled_copy).bind((3,), x0, y0, 40, 1, 2.0, BLOCK=16)
+    _, trail = CachedLaunch(_scaled_copy_args_first).bind((3,), 40, 1, 3.0, x0, y0, BLOCK=16)
+    assert not y0.any()  # bound, not launched
+    for seed in range(2):
+        x = torch.randn(64, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+        y, z = torch.zeros(40, device=DEVICE), torch.zeros(40, device=DEVICE)
+        lead(x, y)
+        trail(x, z)
+        torch.testing.assert_close(y, _want(x, 40, 1), rtol=0, atol=0)
+        torch.testing.assert_close(z, _want(x, 40, 1, 3.0), rtol=0, atol=0)

@@ -166,7 +166,7 @@ def test_forward_falls_back_to_v1_when_a_tma_version_fails_to_compile(monkeypatc
     def fails(*args, **kwargs):
         raise RuntimeError("PassManager::run failed")
 
-    monkeypatch.setattr(flash_hopper, "forward", fails)
+    monkeypatch.setattr(flash_hopper, "bind", fails)
     q, k, v = make(1, 2, 1, 40, 40, 32, torch.float32)
     o, _, info = flash_forward(q, k, v, False, config=FlashConfig(fwd="v2"))
     assert info.plan.version == "v1"
@@ -248,6 +248,42 @@ def test_flash_attention_gradients_match_reference(nq, nk, causal, hq, hkv):
                                     causal=causal)
     for got, w in zip((q.grad, k.grad, v.grad), want):
         np.testing.assert_allclose(got.double().cpu().numpy(), w, atol=5e-5)
+
+
+def test_flash_attention_plan_reused_on_new_tensors_and_strides():
+    """A call whose shapes, strides, dtype and alignment match an earlier one reuses its host plan: it must still read
+    the tensors it is given (a plan that kept the first call's would return its gradients), and a transposed view of
+    the same shape (other strides) gets a plan of its own."""
+    def run(q, k, v, do):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        o, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+        o.backward(do)
+        arrays = [t.detach().double().cpu().numpy() for t in (q, k, v, o)]
+        want = flash_attention_backward(*arrays, lse.detach().double().cpu().numpy(), do.double().cpu().numpy(),
+                                        causal=True)
+        check(o.detach(), *(t.detach() for t in (q, k, v)), True)
+        for got, w in zip((q.grad, k.grad, v.grad), want):
+            np.testing.assert_allclose(got.double().cpu().numpy(), w, atol=5e-5)
+    for seed in (11, 12):  # the same shapes twice: the second call hits the first call's plan
+        q, k, v = make(1, 2, 1, 21, 21, 16, torch.float32, seed=seed)
+        run(q, k, v, torch.randn_like(q))
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make(1, 2, 1, 21, 21, 16, torch.float32, 13))
+    run(q, k, v, torch.randn_like(q))
+
+
+def test_flash_attention_plan_keeps_no_tensor_alive():
+    """The host plans outlive a call; the tensors of the call that built them must not (a plan that held q, k, v,
+    o or dO would keep a model's activations in memory)."""
+    import gc
+    import weakref
+
+    q, k, v = (t.requires_grad_() for t in make(1, 2, 2, 19, 19, 16, torch.float32, seed=14))
+    o = flash_attention(q, k, v, causal=True)
+    o.backward(torch.ones_like(o))
+    refs = [weakref.ref(t) for t in (q, k, v, o, q.grad)]
+    del q, k, v, o
+    gc.collect()
+    assert [r() is None for r in refs] == [True] * len(refs)
 
 
 def test_flash_attention_lse_is_not_differentiable():

@@ -63,6 +63,27 @@ def tma_aligned(*tensors) -> bool:
     return True
 
 
+class Memo:
+    """A bounded memo of host work a call would otherwise redo (compiled kernels, per-shape plans): ``get(key)``, None
+    on a miss, and ``put(key, value)``, which drops the oldest entry past ``size`` and returns the value. It never
+    changes a result: a miss builds what a hit returns."""
+
+    def __init__(self, size: int = 256):
+        self.size, self.entries = size, {}
+
+    def __len__(self):
+        return len(self.entries)
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, value):
+        if len(self.entries) >= self.size:
+            del self.entries[next(iter(self.entries))]
+        self.entries[key] = value
+        return value
+
+
 class CachedLaunch:
     """``kernel[grid](*args, **kwargs)`` with Triton's per-call argument binding done once per key.
 
@@ -75,15 +96,13 @@ class CachedLaunch:
     dtype and alignment, the keywords and the current device: finer than Triton's specialization, so two calls
     that share a key would get the same compiled kernel. Every parameter is passed (by position, then by
     keyword), none left to its default. In the interpreter the call goes to ``kernel[grid]``. Returns the
-    compiled kernel."""
+    compiled kernel. :meth:`bind` skips even the key, for a caller that keeps a plan per shape."""
 
     def __init__(self, kernel, size: int = 256):
-        self.kernel, self.size, self._entries, self._tensor_args = kernel, size, {}, {}
+        self.kernel, self._entries, self._tensor_args = kernel, Memo(size), {}
 
-    def __call__(self, grid, *args, **kwargs):
-        if INTERPRETED:
-            return self.kernel[grid](*args, **kwargs)
-        grid = (*grid, 1, 1)[:3]  # the compiled kernel's launcher takes all three
+    def _entry(self, grid, args, kwargs):
+        """(compiled kernel, its launcher on ``grid``, the values of the parameters after ``args``)."""
         types = tuple(map(type, args))
         where = self._tensor_args.get(types)
         if where is None:  # which arguments are tensors or host descriptors (they hash by identity)
@@ -102,12 +121,39 @@ class CachedLaunch:
                 raise TypeError(f"{self.kernel.__name__}: no value for {', '.join(missing)} (a cached launch "
                                 f"takes every parameter, by position or keyword: none by its default)")
             compiled = self.kernel.warmup(*args, grid=grid, **kwargs)
-            entry = (compiled, compiled[grid], tuple(kwargs[n] for n in names))
-            if len(self._entries) >= self.size:
-                del self._entries[next(iter(self._entries))]
-            self._entries[key] = entry
-        entry[1](*args, *entry[2])
-        return entry[0]
+            entry = self._entries.put(key, (compiled, compiled[grid], tuple(kwargs[n] for n in names)))
+        return entry
+
+    def __call__(self, grid, *args, **kwargs):
+        if INTERPRETED:
+            return self.kernel[grid](*args, **kwargs)
+        grid = (*grid, 1, 1)[:3]  # the compiled kernel's launcher takes all three
+        compiled, runner, rest = self._entry(grid, args, kwargs)
+        runner(*args, *rest)
+        return compiled
+
+    def bind(self, grid, *args, **kwargs):
+        """(compiled kernel, launch), compiled for these arguments but not launched. ``launch(*tensors)`` launches
+        it on ``grid`` with new tensors (and host descriptors) in their places, in their order, every other
+        argument as given here. The caller vouches that each new tensor has the dtype and 16-byte alignment of
+        the one it replaces (a descriptor, its box too): what Triton specialized on, which a plan kept per shape,
+        dtype and alignment holds. The compiled kernel is None in the interpreter."""
+        where = [i for i, a in enumerate(args) if isinstance(a, (torch.Tensor, TensorDescriptor))]
+        template = [None if isinstance(a, (torch.Tensor, TensorDescriptor)) else a for a in args]  # no tensor kept
+
+        def fill(values):
+            filled = template.copy()
+            for i, x in zip(where, values):
+                filled[i] = x
+            return filled
+        if INTERPRETED:
+            return None, lambda *values: self.kernel[grid](*fill(values), **kwargs)
+        grid = (*grid, 1, 1)[:3]
+        compiled, runner, rest = self._entry(grid, args, kwargs)
+        if where == list(range(len(where))):  # the tensors lead (every kernel here): nothing to fill
+            tail = (*args[len(where):], *rest)
+            return compiled, lambda *values: runner(*values, *tail)
+        return compiled, lambda *values: runner(*fill(values), *rest)
 
 
 @triton.jit

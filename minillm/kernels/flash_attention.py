@@ -37,8 +37,8 @@ from triton.runtime.errors import OutOfResources
 from ..attention import check_attention_inputs
 from . import INTERPRETED, check_placement, check_tensors
 from . import flash_hopper
-from .flash_backward import backward as _run_backward
-from .common import LOG2E, CachedLaunch, last_dim_contiguous, next_power_of_2, num_sms, tma_aligned
+from .flash_backward import bind as bind_backward
+from .common import LOG2E, CachedLaunch, Memo, last_dim_contiguous, next_power_of_2, num_sms, tma_aligned
 from .common import causal_order as _causal_order
 from .common import key_range as _key_range
 from .common import load_tile as _load_tile
@@ -158,52 +158,78 @@ class BackwardInfo:
 
 
 _launch_fwd = CachedLaunch(_fwd_kernel)
+# The host plans of the forward and backward calls, per (config, causal, scale, dtype, device, each tensor's shape,
+# strides and 16-byte alignment): what a call decides and compiles from these alone, decided once. An eager call at
+# 1K tokens is host-bound: what is left per call is allocation and the launches.
+_fwd_plans, _bwd_plans = Memo(), Memo()
 
 
-def _launch_v1(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan):
+def _plan_key(config, causal, scale, *tensors):
+    # the config by identity: the entry holds it, so no other object can take its id while the entry lives
+    device = -1 if INTERPRETED else torch.cuda.current_device()  # (the compiled kernels load on the current one)
+    return (id(config), causal, scale, tensors[0].dtype, device,
+            *[(t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors])
+
+
+def _bind_v1(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan):
     B, Hq, Nq, D = q.shape
     block_d = max(16, next_power_of_2(D))
     bm, bn, warps, stages = plan.tiles
-    return _launch_fwd(plan.grid, q, k, v, o, lse, scale * LOG2E, Nq, k.shape[2], Hq, Hq // k.shape[1],
-                       plan.group_heads, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                       HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, PAD_D=block_d != D,
-                       IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
+    return _launch_fwd.bind(plan.grid, q, k, v, o, lse, scale * LOG2E, Nq, k.shape[2], Hq, Hq // k.shape[1],
+                            plan.group_heads, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, PAD_D=block_d != D,
+                            IEEE=q.dtype == torch.float32, num_warps=warps, num_stages=stages)
 
 
-def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT):
-    """(o, lse, ForwardInfo) for checked inputs. A TMA version whose compile fails with the table's tiles (Triton's
-    warp-specialization pass fails on some ragged shapes; OutOfResources on a smaller GPU) runs v1 instead;
-    explicit tiles (``config.fwd_tiles``) raise."""
+def _plan_forward(q, k, v, o, lse, causal: bool, scale: float, config: FlashConfig):
+    """(ForwardInfo, run(q, k, v, o, lse)) for tensors like these. A TMA version whose compile fails with the table's
+    tiles (Triton's warp-specialization pass fails on some ragged shapes; OutOfResources on a smaller GPU) runs v1
+    instead; explicit tiles (``config.fwd_tiles``) raise."""
     B, Hq, Nq, D = q.shape
-    q, k, v = last_dim_contiguous(q, k, v)
-    o = torch.empty_like(q)
-    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    # what TMA needs is checked only where the rules would run a TMA version (a few us of host time a call)
     tma = (config.fwd or fwd_version(D, q.dtype, causal, Nq, k.shape[2], config)) != "v1"
     plan = fwd_plan(B, Hq, Nq, k.shape[2], D, q.dtype, causal, scale, config, sms=num_sms(q.device),
                     contiguous=tma and all(t.is_contiguous() for t in (q, k, v)),
                     aligned=tma and tma_aligned(q, k, v, o))
-    if plan.version == "v1":
-        return o, lse, ForwardInfo(plan, _launch_v1(q, k, v, o, lse, causal, scale, plan))
-    try:
-        kernel = flash_hopper.forward(q, k, v, o, lse, causal, scale, plan, config.split_partial_fp32)
-    except Exception as e:  # noqa: BLE001  (only a compile failure of a TMA version with the table's tiles)
-        if config.fwd_tiles is not None or not (isinstance(e, OutOfResources) or "PassManager" in str(e)):
-            raise
-        plan = fwd_plan(B, Hq, Nq, k.shape[2], D, q.dtype, causal, scale, FlashConfig(fwd="v1"))
-        kernel = _launch_v1(q, k, v, o, lse, causal, scale, plan)
-    return o, lse, ForwardInfo(plan, kernel)
+    if plan.version != "v1":
+        try:
+            kernel, run = flash_hopper.bind(q, k, v, o, lse, causal, scale, plan, config.split_partial_fp32)
+            return ForwardInfo(plan, kernel), run
+        except Exception as e:  # noqa: BLE001  (only a compile failure of a TMA version with the table's tiles)
+            if config.fwd_tiles is not None or not (isinstance(e, OutOfResources) or "PassManager" in str(e)):
+                raise
+            plan = fwd_plan(B, Hq, Nq, k.shape[2], D, q.dtype, causal, scale, FlashConfig(fwd="v1"))
+    kernel, run = _bind_v1(q, k, v, o, lse, causal, scale, plan)
+    return ForwardInfo(plan, kernel), run
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config: FlashConfig = DEFAULT):
-    q, k, v, o, do = last_dim_contiguous(q, k, v, o, do)
+def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT):
+    """(o, lse, ForwardInfo) for checked inputs, through the shapes' plan."""
+    q, k, v = last_dim_contiguous(q, k, v)
+    o = torch.empty_like(q)
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    key = _plan_key(config, causal, scale, q, k, v)  # (o and lse are new: aligned, their layout q's)
+    _, info, run = _fwd_plans.get(key) or _fwd_plans.put(
+        key, (config, *_plan_forward(q, k, v, o, lse, causal, scale, config)))
+    run(q, k, v, o, lse)
+    return o, lse, info
+
+
+def _plan_backward(q, k, v, o, lse, do, causal: bool, scale: float, config: FlashConfig):
+    """(BackwardInfo, run(q, k, v, o, lse, do) -> (dq, dk, dv)) for tensors like these."""
     B, Hq, Nq, D = q.shape
     tma = (config.bwd or bwd_version(D, q.dtype, causal, Nq)) != "v2"
     plan = bwd_plan(B, Hq, k.shape[1], Nq, k.shape[2], D, q.dtype, causal, config,
                     aligned=tma and tma_aligned(q, k, v, do))
-    dq, dk, dv, tiles, kernel = _run_backward(q, k, v, o, lse, do, causal, scale, plan,
-                                               fallback=config.bwd_tiles is None)
-    return dq, dk, dv, BackwardInfo(plan, tiles, kernel)
+    tiles, kernel, run = bind_backward(q, k, v, o, lse, do, causal, scale, plan, fallback=config.bwd_tiles is None)
+    return BackwardInfo(plan, tiles, kernel), run
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config: FlashConfig = DEFAULT):
+    q, k, v, o, do = last_dim_contiguous(q, k, v, o, do)
+    key = _plan_key(config, causal, scale, q, k, v, o, lse, do)
+    _, info, run = _bwd_plans.get(key) or _bwd_plans.put(
+        key, (config, *_plan_backward(q, k, v, o, lse, do, causal, scale, config)))
+    return (*run(q, k, v, o, lse, do), info)
 
 
 def _scale(q, scale) -> float:

@@ -264,20 +264,23 @@ def _bwd_kernel(Q, K, V, DO, LSE2, DELTA, DQ, DK, DV, sm_scale, qk_scale, Nq, Nk
 _launch_pre, _launch_bwd = CachedLaunch(_bwd_preprocess), CachedLaunch(_bwd_kernel)
 
 
-def backward(q, k, v, o, lse, do, causal: bool, scale: float, plan: BwdPlan, fallback: bool = True):
-    """dq, dk, dv for ``plan`` (tensors with a contiguous last dim). With ``fallback``, tiles that do not fit the
-    GPU (OutOfResources) are replaced by the first of BWD_FALLBACK_TILES that launches. Returns (dq, dk, dv,
-    tiles that ran, compiled main kernel)."""
+def bind(q, k, v, o, lse, do, causal: bool, scale: float, plan: BwdPlan, fallback: bool = True):
+    """Compile ``plan`` for tensors like these (a contiguous last dim) and return (tiles, compiled main kernel, run):
+    ``run(q, k, v, o, lse, do)`` -> (dq, dk, dv) launches it on tensors of these shapes, strides, dtypes and
+    alignment. With ``fallback``, tiles that do not fit the GPU (OutOfResources) are replaced by the first of
+    BWD_FALLBACK_TILES that compiles; ``tiles`` are those that did."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     block_d = max(16, next_power_of_2(D))
+
+    def outputs(q, k, v):  # (the plan keeps no tensor of this call)
+        delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+        return delta, torch.empty_like(delta), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if plan.tma:
         use_torch_allocator()
-    delta = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
-    lse2 = torch.empty_like(delta)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _launch_pre(plan.grids[0], o, do, lse, delta, lse2, Nq, Hq, *o.stride()[:3], *do.stride()[:3],
-                HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=plan.pre_block_m)
+    delta, lse2, dq, dk, dv = outputs(q, k, v)
+    _, pre = _launch_pre.bind(plan.grids[0], o, do, lse, delta, lse2, Nq, Hq, *o.stride()[:3], *do.stride()[:3],
+                              HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=plan.pre_block_m)
     candidates = [plan.tiles] + ([t for t in BWD_FALLBACK_TILES if t != plan.tiles] if fallback else [])
     for i, tiles in enumerate(candidates):
         m1, n1, m2, n2, warps, stages = tiles[:6]
@@ -289,15 +292,27 @@ def backward(q, k, v, o, lse, do, causal: bool, scale: float, plan: BwdPlan, fal
                       CAUSAL=causal, PAD_D=block_d != D, IEEE=q.dtype == torch.float32, TMA=plan.tma)
         try:
             if not plan.split:
-                compiled = _launch_bwd((n_kv + n_q * (Hq // Hkv), B * Hkv), *args, SIDE=0, num_warps=warps,
-                                       num_stages=stages, **common)
+                compiled, main = _launch_bwd.bind((n_kv + n_q * (Hq // Hkv), B * Hkv), *args, SIDE=0,
+                                                  num_warps=warps, num_stages=stages, **common)
+                mains = (main,)
             else:
                 warps2, stages2 = tiles[6:8] if len(tiles) >= 8 else (warps, stages)
-                compiled = _launch_bwd((n_kv, B * Hkv), *args, SIDE=1, num_warps=warps, num_stages=stages, **common)
-                _launch_bwd((n_q * (Hq // Hkv), B * Hkv), *args, SIDE=2, num_warps=warps2, num_stages=stages2,
-                            **common)
+                compiled, main = _launch_bwd.bind((n_kv, B * Hkv), *args, SIDE=1, num_warps=warps,
+                                                  num_stages=stages, **common)
+                mains = (main, _launch_bwd.bind((n_q * (Hq // Hkv), B * Hkv), *args, SIDE=2, num_warps=warps2,
+                                                num_stages=stages2, **common)[1])
         except OutOfResources:
             if i == len(candidates) - 1:
                 raise
             continue
-        return dq, dk, dv, tuple(tiles), compiled
+        break
+
+    def run(q, k, v, o, lse, do):
+        if plan.tma:  # (the allocator is a context variable: autograd runs the backward on a thread of its own)
+            use_torch_allocator()
+        delta, lse2, dq, dk, dv = outputs(q, k, v)
+        pre(o, do, lse, delta, lse2)
+        for main in mains:
+            main(q, k, v, do, lse2, delta, dq, dk, dv)
+        return dq, dk, dv
+    return tuple(tiles), compiled, run

@@ -188,35 +188,49 @@ def _fwd_resume_kernel(Q, K, V, O, LSE, OP, qk_scale, Nq, Nk, H, GROUP,
 _launch_fwd, _launch_resume = CachedLaunch(_fwd_kernel_tma), CachedLaunch(_fwd_resume_kernel)
 
 
-def forward(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan, split_partial_fp32: bool = True):
-    """Run ``plan`` (a TMA version) on contiguous-last-dim tensors into o (like q) and lse (B, Hq, Nq) float32;
-    returns the compiled kernel of the (first) launch."""
+def bind(q, k, v, o, lse, causal: bool, scale: float, plan: FwdPlan, split_partial_fp32: bool = True):
+    """Compile ``plan`` (a TMA version) for tensors like these (a contiguous last dim; o like q, lse (B, Hq, Nq)
+    float32) and return (compiled kernel of the first launch, run): ``run(q, k, v, o, lse)`` launches it on tensors
+    of these shapes, strides, dtypes and alignment."""
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     bm, bn, warps, stages = plan.tiles
     block_d = max(16, next_power_of_2(D))
     n_m = cdiv(Nq, bm)
+
+    def descriptors(q, k, v, o):  # host descriptors, over the flattened (B * heads * N, D) tensors of each call
+        if not plan.host_descriptors:
+            return ()
+        return (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
+                TensorDescriptor(k, [k.shape[0] * k.shape[1] * Nk, D], [D, 1], [bn, block_d]),
+                TensorDescriptor(v, [v.shape[0] * v.shape[1] * Nk, D], [D, 1], [bn, block_d]),
+                TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]))
+
+    def partial(o):  # v6's partial O, in float32
+        return torch.empty_like(o, dtype=torch.float32) if fp32_partial else o
     use_torch_allocator()
+    fp32_partial = plan.split and split_partial_fp32 and o.dtype != torch.float32
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3])
-    descs = (None,) * 4
-    if plan.host_descriptors:  # over the flattened (B * heads * N, D) tensors
-        descs = (TensorDescriptor(q, [B * Hq * Nq, D], [D, 1], [bm, block_d]),
-                 TensorDescriptor(k, [k.shape[0] * k.shape[1] * Nk, D], [D, 1], [bn, block_d]),
-                 TensorDescriptor(v, [v.shape[0] * v.shape[1] * Nk, D], [D, 1], [bn, block_d]),
-                 TensorDescriptor(o, [B * Hq * Nq, D], [D, 1], [bm, block_d]))
     ieee = q.dtype == torch.float32
-    part = o
-    if plan.split and split_partial_fp32 and o.dtype != torch.float32:
-        part = torch.empty_like(o, dtype=torch.float32)
-    compiled = _launch_fwd(
+    part = partial(o)
+    compiled, first = _launch_fwd.bind(
         plan.grid, q, k, v, part, lse, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], plan.group_heads, n_m,
-        n_m * B * Hq, *strides, *descs, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-        EVEN_N=Nk % bn == 0, IEEE=ieee, WS=plan.warp_specialized, PERSISTENT=plan.persistent, SPLIT=plan.split,
-        DIAG_BRANCH=plan.diag_branch, num_warps=warps, num_stages=stages)
+        n_m * B * Hq, *strides, *(descriptors(q, k, v, part) or (None,) * 4), HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm,
+        BLOCK_N=bn, CAUSAL=causal, EVEN_N=Nk % bn == 0, IEEE=ieee, WS=plan.warp_specialized,
+        PERSISTENT=plan.persistent, SPLIT=plan.split, DIAG_BRANCH=plan.diag_branch, num_warps=warps,
+        num_stages=stages)
+    resume = None
     if plan.split:
         rm, rn, rw, rs = plan.resume
-        _launch_resume(
-            (cdiv(Nq, rm), B * Hq), q, k, v, o, lse, part, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1], *strides,
-            HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=rm, BLOCK_N=rn, FIRST_M=bm, FIRST_N=bn, PAD_D=block_d != D, IEEE=ieee,
-            num_warps=rw, num_stages=rs)
-    return compiled
+        resume = _launch_resume.bind(
+            (cdiv(Nq, rm), B * Hq), q, k, v, o, lse, part, scale * LOG2E, Nq, Nk, Hq, Hq // k.shape[1],
+            *strides, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=rm, BLOCK_N=rn, FIRST_M=bm, FIRST_N=bn,
+            PAD_D=block_d != D, IEEE=ieee, num_warps=rw, num_stages=rs)[1]
+
+    def run(q, k, v, o, lse):
+        use_torch_allocator()  # (a context variable: set on the thread that launches)
+        part = partial(o)
+        first(q, k, v, part, lse, *descriptors(q, k, v, part))
+        if resume is not None:
+            resume(q, k, v, o, lse, part)
+    return compiled, run
