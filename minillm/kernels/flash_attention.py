@@ -43,7 +43,7 @@ from .common import causal_order as _causal_order
 from .common import key_range as _key_range
 from .common import load_tile as _load_tile
 from .common import normalize as _normalize
-from .flash_dispatch import DEFAULT, BwdPlan, FlashConfig, FwdPlan, bwd_plan, bwd_version, fwd_plan, fwd_version
+from .flash_dispatch import DEFAULT, BwdPlan, FlashConfig, FwdPlan, bwd_plan, fwd_plan
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -186,10 +186,8 @@ def _plan_forward(q, k, v, o, lse, causal: bool, scale: float, config: FlashConf
     tiles (Triton's warp-specialization pass fails on some ragged shapes; OutOfResources on a smaller GPU) runs v1
     instead; explicit tiles (``config.fwd_tiles``) raise."""
     B, Hq, Nq, D = q.shape
-    tma = (config.fwd or fwd_version(D, q.dtype, causal, Nq, k.shape[2], config)) != "v1"
     plan = fwd_plan(B, Hq, Nq, k.shape[2], D, q.dtype, causal, scale, config, sms=num_sms(q.device),
-                    contiguous=tma and all(t.is_contiguous() for t in (q, k, v)),
-                    aligned=tma and tma_aligned(q, k, v, o))
+                    contiguous=all(t.is_contiguous() for t in (q, k, v)), aligned=tma_aligned(q, k, v, o))
     if plan.version != "v1":
         try:
             kernel, run = flash_hopper.bind(q, k, v, o, lse, causal, scale, plan, config.split_partial_fp32)
@@ -217,9 +215,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT)
 def _plan_backward(q, k, v, o, lse, do, causal: bool, scale: float, config: FlashConfig):
     """(BackwardInfo, run(q, k, v, o, lse, do) -> (dq, dk, dv)) for tensors like these."""
     B, Hq, Nq, D = q.shape
-    tma = (config.bwd or bwd_version(D, q.dtype, causal, Nq)) != "v2"
-    plan = bwd_plan(B, Hq, k.shape[1], Nq, k.shape[2], D, q.dtype, causal, config,
-                    aligned=tma and tma_aligned(q, k, v, do))
+    plan = bwd_plan(B, Hq, k.shape[1], Nq, k.shape[2], D, q.dtype, causal, config, aligned=tma_aligned(q, k, v, do))
     tiles, kernel, run = bind_backward(q, k, v, o, lse, do, causal, scale, plan, fallback=config.bwd_tiles is None)
     return BackwardInfo(plan, tiles, kernel), run
 
