@@ -28,3 +28,15 @@ def test_step_cost_flops_per_token_equal_the_models_own_matmul_count():
     model.forward(np.array([[4]]), cache=cache, ops=ops)
     norms = (2 * cfg.n_layers + 1) * cfg.d_model
     assert ops.proj_flops == StepCost.for_model(cfg).flops_per_token - 2 * norms
+
+
+def test_step_cost_seconds_for_charges_causal_attention_pairs():
+    """A chunk of n new tokens over a context of ctx positions (new ones included) scores n * ctx - n (n - 1) / 2
+    (new token, position) pairs, as causal attention does: a decode its whole context, a whole prompt of L tokens
+    L (L + 1) / 2, not L^2. Compute-bound settings (no memory time, no matmul FLOPs) expose the attention term."""
+    cost = StepCost(weight_bytes=0.0, kv_bytes_per_token=0.0, flops_per_token=0.0, attn_flops_per_context_token=1.0,
+                    flops=1.0)
+    assert cost.seconds_for([1], [10]) == 10              # a decode sees all 10 positions
+    assert cost.seconds_for([4], [10]) == 7 + 8 + 9 + 10  # a 4-token chunk after 6 cached tokens
+    assert cost.seconds_for([8], [8]) == 8 * 9 / 2         # a whole 8-token prompt
+    assert cost.seconds_for([1, 4], [10, 10]) == 10 + 34   # sequences add up

@@ -99,7 +99,8 @@ class NumpyRunner:
 @dataclass
 class StepCost:
     """A roofline-style cost of one step on a GPU: weights are read once per step, each token's K/V context
-    is read once, and FLOPs are 2 * params per token (plus attention). The step takes the longer of the
+    is read once, and FLOPs are 2 * params per token plus ``attn_flops_per_context_token`` per (new token,
+    position it sees) pair of causal attention. The step takes the longer of the
     memory time and the compute time, plus a fixed launch overhead.
 
     :meth:`for_model` counts the weights a step reads: every layer and the LM head, but not the input
@@ -122,8 +123,10 @@ class StepCost:
         """The same for sequences given only by their new tokens and context lengths (new ones included)."""
         num_new, ctx = np.asarray(num_new, np.float64), np.asarray(context_lens, np.float64)
         mem = self.weight_bytes + self.kv_bytes_per_token * float(ctx.sum())
-        comp = self.flops_per_token * float(num_new.sum()) + self.attn_flops_per_context_token * float(
-            np.sum(num_new * ctx))
+        # attention: new token i of a sequence (0-based) sees its ctx - num_new + i + 1 positions (causal), so a
+        # chunk of n new tokens scores n * ctx - n (n - 1) / 2 pairs: a decode ctx, a whole prompt of L about L^2 / 2
+        pairs = num_new * ctx - num_new * (num_new - 1) / 2
+        comp = self.flops_per_token * float(num_new.sum()) + self.attn_flops_per_context_token * float(pairs.sum())
         return max(mem / self.bandwidth, comp / self.flops) + self.overhead
 
     @classmethod
