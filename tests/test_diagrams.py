@@ -244,3 +244,12 @@ def test_hopper_overlap_exp_rate_is_derived_and_agrees_with_flashattention3():
     assert flash.H100_EXP_PER_S == GPUS["H100 SXM"].bf16_flops * 16 / 4096
     assert agrees(3.9e12, flash.H100_EXP_PER_S)
     assert agrees(989e12, GPUS["H100 SXM"].bf16_flops)  # the paper's matmul figure, same registry entry
+
+
+def test_latency_throughput_frontier_names_the_measured_points():
+    """The measured points carry the label the caller gives (their model, GPU and context), not a bare "measured"."""
+    from types import SimpleNamespace
+
+    sweep = SimpleNamespace(batch=[1, 2], tok_per_s=[100.0, 180.0], per_request_tok_per_s=[100.0, 90.0])
+    fig = diagrams.latency_throughput_frontier(batches=[1, 2], measured=sweep, measured_label="measured: 1B on an H100")
+    assert "measured: 1B on an H100" in joined(fig)

@@ -161,12 +161,15 @@ def test_forward_persistent_grid_covers_every_tile():
 
 def test_forward_falls_back_to_v1_when_a_tma_version_fails_to_compile(monkeypatch):
     """A compile failure of a TMA version with the table's tiles runs v1; with explicit tiles it propagates."""
+    from minillm.kernels import flash_attention as fa
     from minillm.kernels import flash_hopper
+    from minillm.kernels.common import Memo
 
     def fails(*args, **kwargs):
         raise RuntimeError("PassManager::run failed")
 
     monkeypatch.setattr(flash_hopper, "bind", fails)
+    monkeypatch.setattr(fa, "_fwd_plans", Memo())  # no plan of an earlier test with these shapes and config
     q, k, v = make(1, 2, 1, 40, 40, 32, torch.float32)
     o, _, info = flash_forward(q, k, v, False, config=FlashConfig(fwd="v2"))
     assert info.plan.version == "v1"
@@ -890,3 +893,18 @@ def test_flash_attention_training_step_replays_from_a_cuda_graph_gpu(host_desc, 
     want = step()
     for a, b in zip(captured, want):
         assert torch.equal(a, b)
+
+
+def test_flash_attention_plan_keyed_on_the_config_value():
+    """Two equal configs share a host plan (a caller that builds its config on every call does not build a plan on
+    every call), and configs that differ get their own."""
+    from minillm.kernels import flash_attention as fa
+
+    q, k, v = make(1, 2, 1, 23, 23, 16, torch.float32, seed=15)
+    before = len(fa._fwd_plans)
+    flash_forward(q, k, v, True, config=FlashConfig(fwd="v1", fwd_tiles=(16, 16, 1, 1)))
+    flash_forward(q, k, v, True, config=FlashConfig(fwd="v1", fwd_tiles=(16, 16, 1, 1)))
+    assert len(fa._fwd_plans) == before + 1
+    o, _, info = flash_forward(q, k, v, True, config=FlashConfig(fwd="v1", fwd_tiles=(32, 16, 1, 1)))
+    assert len(fa._fwd_plans) == before + 2 and info.plan.tiles == (32, 16, 1, 1)
+    check(o, q, k, v, True)

@@ -135,12 +135,13 @@ def chunked_prefill_trade(prompt_len: int = 8192, n_decodes: int = 32, decode_co
 
 
 def latency_throughput_frontier(batches=None, context: int = 2048, model: str = "Llama 3.1 8B", gpu: str = "H200",
-                                measured=None):
+                                measured=None, measured_label: str = "measured"):
     """Aggregate tokens/s (x) against the time each request waits per token (y) as the batch grows, from the
     step-cost model (every request decoding with ``context`` cached tokens). Small batches are memory-bound:
     adding a request adds throughput almost for free; past the ridge each request waits longer. ``measured``,
     a :class:`minillm.studies.composition.BatchSweep` (or anything with ``batch``, ``tok_per_s`` and
-    ``per_request_tok_per_s``), is drawn on the same axes."""
+    ``per_request_tok_per_s``), is drawn on the same axes, named ``measured_label`` in the legend (say which model,
+    GPU and context it ran: the model's line and the measured points need not be the same setting)."""
     batches = [2 ** k for k in range(0, 10)] if batches is None else list(batches)
     if not batches or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1 for b in batches) \
             or any(np.diff(batches) <= 0):
@@ -158,7 +159,7 @@ def latency_throughput_frontier(batches=None, context: int = 2048, model: str = 
         mb = np.asarray(measured.batch)
         tpot = 1e3 / np.asarray(measured.per_request_tok_per_s, dtype=float)
         ax.plot(np.asarray(measured.tok_per_s, dtype=float), tpot, "-s", color=color("memory"), ms=4,
-                label="measured", gid="measured-frontier")
+                label=measured_label, gid="measured-frontier")
         for b, x, y in zip(mb, measured.tok_per_s, tpot):
             ax.annotate(f"{b}", (x, y), xytext=(4, -9), textcoords="offset points", fontsize=FONT["small"])
     ax.set_xscale("log")
@@ -168,7 +169,7 @@ def latency_throughput_frontier(batches=None, context: int = 2048, model: str = 
     ax.grid(True, which="major", color="0.9", lw=0.6)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(fontsize=FONT["small"], frameon=False, loc="upper left")
-    ax.text(0.98, 0.02, f"numbers at the points: requests decoding at once (context {context})",
+    ax.text(0.98, 0.02, f"numbers at the points: requests decoding at once (model: context {context})",
             transform=ax.transAxes, ha="right", fontsize=FONT["small"], color=COLORS["ink"])
     title(ax, "The latency-throughput frontier: more requests, more tokens/s, slower tokens")
     return fig

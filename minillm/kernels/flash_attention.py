@@ -165,9 +165,8 @@ _fwd_plans, _bwd_plans = Memo(), Memo()
 
 
 def _plan_key(config, causal, scale, *tensors):
-    # the config by identity: the entry holds it, so no other object can take its id while the entry lives
     device = -1 if INTERPRETED else torch.cuda.current_device()  # (the compiled kernels load on the current one)
-    return (id(config), causal, scale, tensors[0].dtype, device,
+    return (None if config is DEFAULT else config, causal, scale, tensors[0].dtype, device,  # (DEFAULT: no hashing)
             *[(t.shape, t.stride(), t.data_ptr() % 16 == 0) for t in tensors])
 
 
@@ -206,8 +205,7 @@ def _forward(q, k, v, causal: bool, scale: float, config: FlashConfig = DEFAULT)
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     key = _plan_key(config, causal, scale, q, k, v)  # (o and lse are new: aligned, their layout q's)
-    _, info, run = _fwd_plans.get(key) or _fwd_plans.put(
-        key, (config, *_plan_forward(q, k, v, o, lse, causal, scale, config)))
+    info, run = _fwd_plans.get(key) or _fwd_plans.put(key, _plan_forward(q, k, v, o, lse, causal, scale, config))
     run(q, k, v, o, lse)
     return o, lse, info
 
@@ -223,8 +221,7 @@ def _plan_backward(q, k, v, o, lse, do, causal: bool, scale: float, config: Flas
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float, config: FlashConfig = DEFAULT):
     q, k, v, o, do = last_dim_contiguous(q, k, v, o, do)
     key = _plan_key(config, causal, scale, q, k, v, o, lse, do)
-    _, info, run = _bwd_plans.get(key) or _bwd_plans.put(
-        key, (config, *_plan_backward(q, k, v, o, lse, do, causal, scale, config)))
+    info, run = _bwd_plans.get(key) or _bwd_plans.put(key, _plan_backward(q, k, v, o, lse, do, causal, scale, config))
     return (*run(q, k, v, o, lse, do), info)
 
 
