@@ -101,15 +101,19 @@ class CachedLaunch:
     def __init__(self, kernel, size: int = 256):
         self.kernel, self._entries, self._tensor_args = kernel, Memo(size), {}
 
-    def _entry(self, grid, args, kwargs):
-        """(compiled kernel, its launcher on ``grid``, the values of the parameters after ``args``)."""
+    def _tensor_positions(self, args) -> list:
+        """Which arguments are tensors or host descriptors (they hash by identity), kept per argument types."""
         types = tuple(map(type, args))
         where = self._tensor_args.get(types)
-        if where is None:  # which arguments are tensors or host descriptors (they hash by identity)
+        if where is None:
             where = self._tensor_args[types] = [i for i, a in enumerate(args)
                                                 if isinstance(a, (torch.Tensor, TensorDescriptor))]
-        seen = list(args)
-        for i in where:  # what Triton specializes on: the dtype and the 16-byte alignment (a descriptor's box too)
+        return where
+
+    def _entry(self, grid, args, kwargs):
+        """(compiled kernel, its launcher on ``grid``, the values of the parameters after ``args``)."""
+        seen = list(args)  # what Triton specializes on: the dtype and 16-byte alignment (a descriptor's box too)
+        for i in self._tensor_positions(args):
             a = args[i]
             seen[i] = ((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor) else
                        (a.base.dtype, tuple(a.block_shape), a.base.data_ptr() % 16 == 0))
@@ -138,8 +142,10 @@ class CachedLaunch:
         argument as given here. The caller vouches that each new tensor has the dtype and 16-byte alignment of
         the one it replaces (a descriptor, its box too): what Triton specialized on, which a plan kept per shape,
         dtype and alignment holds. The compiled kernel is None in the interpreter."""
-        where = [i for i, a in enumerate(args) if isinstance(a, (torch.Tensor, TensorDescriptor))]
-        template = [None if isinstance(a, (torch.Tensor, TensorDescriptor)) else a for a in args]  # no tensor kept
+        where = self._tensor_positions(args)
+        template = list(args)
+        for i in where:  # no tensor kept
+            template[i] = None
 
         def fill(values):
             filled = template.copy()
