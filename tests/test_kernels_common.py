@@ -110,3 +110,34 @@ def test_cached_launch_bind_launches_on_new_tensors():
         trail(x, z)
         torch.testing.assert_close(y, _want(x, 40, 1), rtol=0, atol=0)
         torch.testing.assert_close(z, _want(x, 40, 1, 3.0), rtol=0, atol=0)
+
+
+def test_memo_put_concurrent_threads_keep_the_bound():
+    """Four threads filling one Memo past its size: no error (before the lock, two threads could both pick the same
+    oldest entry to drop, and the second ``del`` raised KeyError), and it never holds more than ``size``."""
+    import sys
+    import threading
+
+    from minillm.kernels.common import Memo
+
+    memo, errors = Memo(size=8), []
+
+    def fill(t):
+        try:
+            for i in range(20000):
+                memo.put((t, i), i)
+                assert len(memo) <= memo.size
+        except Exception as e:  # noqa: BLE001  (reported below, from the main thread)
+            errors.append(e)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race, if any, shows
+    try:
+        threads = [threading.Thread(target=fill, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(memo) == memo.size

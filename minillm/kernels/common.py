@@ -3,6 +3,7 @@ helpers (integer arithmetic, the SM count, the allocator tensor descriptors need
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import triton
@@ -66,10 +67,11 @@ def tma_aligned(*tensors) -> bool:
 class Memo:
     """A bounded memo of host work a call would otherwise redo (compiled kernels, per-shape plans): ``get(key)``, None
     on a miss, and ``put(key, value)``, which drops the oldest entry past ``size`` and returns the value. It never
-    changes a result: a miss builds what a hit returns."""
+    changes a result: a miss builds what a hit returns. Safe to share between threads: a ``put`` holds a lock (a
+    ``get`` is one dict lookup)."""
 
     def __init__(self, size: int = 256):
-        self.size, self.entries = size, {}
+        self.size, self.entries, self._lock = size, {}, threading.Lock()
 
     def __len__(self):
         return len(self.entries)
@@ -78,9 +80,10 @@ class Memo:
         return self.entries.get(key)
 
     def put(self, key, value):
-        if len(self.entries) >= self.size:
-            del self.entries[next(iter(self.entries))]
-        self.entries[key] = value
+        with self._lock:  # (without it two threads past ``size`` can both try to drop the same oldest entry)
+            while len(self.entries) >= self.size:
+                del self.entries[next(iter(self.entries))]
+            self.entries[key] = value
         return value
 
 
