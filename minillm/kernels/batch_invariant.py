@@ -18,6 +18,11 @@ Same signatures and layouts as the NumPy references in :mod:`minillm.batch_invar
   to exactly 1 where a row's maximum does not move, not computed as 2^0: the invariance does not rest on the
   accuracy of the hardware's exp2.)
 
+In Triton's interpreter (no GPU) the products run as broadcast multiplies summed over K (``ROWWISE``), not as
+``tl.dot``: the interpreter's ``tl.dot`` is NumPy's matmul, and OpenBLAS on some CPUs computes a row differently
+by its place in the tile (on an AVX-512 AMD EPYC, rows 6 to 15 of a 16-row tile round differently from rows 0 to
+5), which no GPU's matrix unit does. The sum over K then runs in one order for every row, as on the GPU.
+
 The configuration is fixed per dtype (no autotuning, no shape-dependent choice). The row count is not a
 specialization key (``do_not_specialize``): Triton compiles a separate kernel for an integer argument equal
 to 1, which would give a batch of one its own code.
@@ -60,10 +65,28 @@ def attention_config(dtype, group: int, interpreted: bool = INTERPRETED) -> tupl
     return max(bm, next_power_of_2(group)), bn, split, warps, stages
 
 
+@triton.jit
+def _mma(a, b, acc, IEEE: tl.constexpr, ROWWISE: tl.constexpr):
+    """acc + a @ b; ROWWISE (the interpreter only): each row's sum over K in one order, whatever its place."""
+    if ROWWISE:
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        return mma(a, b, acc, IEEE)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, ROWWISE: tl.constexpr):
+    """a @ b into a fresh fp32 accumulator; ROWWISE as in :func:`_mma`."""
+    if ROWWISE:
+        return tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:
+        return dot(a, b, IEEE)
+
+
 # ---- matmul -----------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["M"])
 def _matmul_kernel(X, W, Y, M, N, K, sxm, sxk, swk, swn, sym, syn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                   BLOCK_K: tl.constexpr, IEEE: tl.constexpr, ROWWISE: tl.constexpr):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -76,7 +99,7 @@ def _matmul_kernel(X, W, Y, M, N, K, sxm, sxk, swk, swn, sym, syn, BLOCK_M: tl.c
         k_ok = (k0 + rk) < K
         x = tl.load(xp, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(wp, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        acc = mma(x, w, acc, IEEE)
+        acc = _mma(x, w, acc, IEEE, ROWWISE)
         xp += BLOCK_K * sxk
         wp += BLOCK_K * swk
     yp = Y + rm.to(tl.int64)[:, None] * sym + rn[None, :] * syn
@@ -103,7 +126,8 @@ def matmul_bi(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     bm, bn, bk, warps, stages = matmul_config(x.dtype)
     _matmul_kernel[(cdiv(M, bm), cdiv(N, bn))](
         xs, ws, out, M, N, K, xs.stride(0), xs.stride(1), ws.stride(0), ws.stride(1), out.stride(0), out.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, IEEE=xs.dtype == torch.float32, num_warps=warps, num_stages=stages)
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, IEEE=xs.dtype == torch.float32, ROWWISE=INTERPRETED, num_warps=warps,
+        num_stages=stages)
     return out
 
 
@@ -134,7 +158,7 @@ def _attention_kernel(Q, KC, VC, TABLE, LENS, CU, O, MP, LP, OP, qk_scale, T, nu
                       sqt, sqh, skb, sks, skh, svb, svs, svh, sot, soh, stb, max_blocks, BLOCK_SIZE, num_blocks,
                       GROUP: tl.constexpr, TOKENS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr,
-                      DIRECT: tl.constexpr):
+                      DIRECT: tl.constexpr, ROWWISE: tl.constexpr):
     """Program (query tile, sequence, KV head x split): keys [split*SPLIT, (split+1)*SPLIT) of one sequence
     against one tile of its new tokens (rows = (token, query head) pairs, as in paged_prefill)."""
     tile = tl.program_id(0)
@@ -174,12 +198,12 @@ def _attention_kernel(Q, KC, VC, TABLE, LENS, CU, O, MP, LP, OP, qk_scale, T, nu
         slot = pos % BLOCK_SIZE
         kv_mask = in_k[:, None] & dmask[None, :]
         k = tl.load(KC + phys[:, None] * skb + slot[:, None] * sks + hk * skh + dims[None, :], mask=kv_mask, other=0.0)
-        s = dot(q, tl.trans(k), IEEE)
+        s = _dot(q, tl.trans(k), IEEE, ROWWISE)
         # one arithmetic for every tile: scale, then mask (a fully masked tile adds exact zeros, rescales by 1)
         s = tl.where(in_k[None, :] & (pos[None, :] <= row_pos[:, None]), s * qk_scale, float("-inf"))
         p, alpha, m_new, l = _step(s, m, l)
         v = tl.load(VC + phys[:, None] * svb + slot[:, None] * svs + hk * svh + dims[None, :], mask=kv_mask, other=0.0)
-        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE)
+        acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], IEEE, ROWWISE)
         m = m_new
     if DIRECT:   # one split: normalize here (what the merge of one piece gives, bit for bit)
         o = acc / tl.where(l > 0, l, 1.0)[:, None]
@@ -249,7 +273,7 @@ def attention_bi(q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q, 
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], out.stride(0), out.stride(1),
         block_tables.stride(0), block_tables.shape[1], block_size, num_blocks,
         GROUP=group, TOKENS=tokens, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=bm, BLOCK_N=bn, SPLIT=split,
-        IEEE=q.dtype == torch.float32, DIRECT=direct, num_warps=warps, num_stages=stages)
+        IEEE=q.dtype == torch.float32, DIRECT=direct, ROWWISE=INTERPRETED, num_warps=warps, num_stages=stages)
     if not direct:
         _merge_kernel[(T * Hq,)](mp, lp, op, out, splits, out.stride(0), out.stride(1), Hq, HEAD_DIM=D,
                                  BLOCK_D=block_d, num_warps=1 if INTERPRETED else 4)
