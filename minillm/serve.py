@@ -66,7 +66,9 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name="minillm-engine-loop", daemon=True)
         self.steps = 0                                # engine steps run
         self.tokens = 0                               # output tokens of the tracked requests
-        self.error: str | None = None
+        self.error: str | None = None                 # the last failed step's error (the loop goes on serving)
+        self.failed_steps = 0                         # steps that raised (their requests got a 500)
+        self.fatal: str | None = None                 # what ended the loop thread, if anything did
 
     def start(self) -> EngineLoop:
         self.thread.start()
@@ -96,6 +98,13 @@ class EngineLoop:
                 eng.output(rid)                        # hand it over: the engine forgets it
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:                    # the thread dies: /health says why
+            self.fatal = f"{type(e).__name__}: {e}"
+            raise
+
+    def _serve(self) -> None:
         eng = self.engine
         while not self._stop.is_set():
             self._wake.clear()
@@ -107,7 +116,7 @@ class EngineLoop:
                 eng.step()
                 self.steps += 1
             except Exception as e:                    # an engine bug: fail what is tracked, keep serving
-                self.error = f"{type(e).__name__}: {e}"
+                self.error, self.failed_steps = f"{type(e).__name__}: {e}", self.failed_steps + 1
                 with eng._lock:
                     for rid in list(self.trackers):
                         aloop, q, _ = self.trackers.pop(rid)
@@ -472,9 +481,12 @@ def build_app(llm: LLM | LLMEngine, model_name: str = "tiny") -> FastAPI:
 
     @app.get("/health")
     async def health():
-        if state.loop.error is not None or not state.loop.thread.is_alive():
-            return _error(f"the engine loop is down: {state.loop.error}", 500)
-        return {"status": "ok"}
+        """Down (500) only while the engine loop thread is dead; a step that failed (its requests got a 500,
+        later ones are served) leaves it up, with that step's error as ``last_error``."""
+        loop = state.loop
+        if not loop.thread.is_alive():
+            return _error(f"the engine loop is down: {loop.fatal or 'stopped'}", 500)
+        return {"status": "ok"} if loop.error is None else {"status": "ok", "last_error": loop.error}
 
     @app.get("/metrics")
     async def metrics():
@@ -483,7 +495,8 @@ def build_app(llm: LLM | LLMEngine, model_name: str = "tiny") -> FastAPI:
         sch = state.engine.scheduler
         lines = [f"minillm:num_requests_running {len(sch.running)}", f"minillm:num_requests_waiting {len(sch.waiting)}",
                  f"minillm:engine_steps_total {state.loop.steps}",
-                 f"minillm:generation_tokens_total {state.loop.tokens}"]
+                 f"minillm:generation_tokens_total {state.loop.tokens}",
+                 f"minillm:engine_step_errors_total {state.loop.failed_steps}"]
         return PlainTextResponse("\n".join(lines) + "\n")
 
     @app.get("/v1/models")

@@ -499,3 +499,82 @@ def test_engine_sequence_with_broken_accounting_is_finished_with_an_error(small_
     assert eng.output(ids[1]).token_ids == cached_decode(small_model, prompts[1], 10).new_tokens
     assert eng.block_manager.num_free == eng.block_manager.num_blocks
 
+
+
+def _sim_engine(runner=None):
+    from minillm.serving import SimulatedRunner
+    from minillm.tokenizer import ByteTokenizer
+    return LLMEngine(runner or SimulatedRunner(), 64, 8, 128, 259, SchedulerConfig(), tokenizer=ByteTokenizer())
+
+
+def _clean(eng) -> bool:
+    return not eng.requests and not eng.has_unfinished() and eng.block_manager.num_free == eng.block_manager.num_blocks
+
+
+def test_serve_trace_nan_arrival_raises_at_once_and_queues_nothing():
+    """Was: the clock became nan and the call never returned, holding the engine's lock."""
+    import threading
+    eng, sp = _sim_engine(), SamplingParams(max_tokens=2, ignore_eos=True)
+    got = []
+
+    def call():
+        try:
+            eng.serve_trace(["a", "b"], sp, [0.0, float("nan")])
+        except Exception as e:      # noqa: BLE001 - the test inspects it
+            got.append(e)
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "serve_trace hung on a nan arrival"
+    assert isinstance(got[0], ValueError) and "arrivals[1]" in str(got[0]) and _clean(eng)
+    for bad in ([0.0, -1.0], [0.0, float("inf")], [0.0, True], [0.0, "1"]):
+        with pytest.raises(ValueError, match="arrivals\\[1\\]"):
+            eng.serve_trace(["a", "b"], sp, bad)
+    assert _clean(eng)
+
+
+def test_serve_trace_length_mismatch_raises():
+    """Was: three prompts and two arrivals silently returned two outputs."""
+    eng, sp = _sim_engine(), SamplingParams(max_tokens=2, ignore_eos=True)
+    with pytest.raises(ValueError, match="3 prompts but 2 arrival times"):
+        eng.serve_trace(["a", "b", "c"], sp, [0.0, 0.1])
+    with pytest.raises(ValueError, match="3 prompts but 2 SamplingParams"):
+        eng.serve_trace(["a", "b", "c"], [sp, sp], [0.0, 0.1, 0.2])
+    assert _clean(eng)
+
+
+def test_serve_trace_bad_prompt_raises_before_queuing_anything():
+    """Was: the empty third prompt raised after "a" was queued; "a" stayed in the engine, unfinished."""
+    eng, sp = _sim_engine(), SamplingParams(max_tokens=2, ignore_eos=True)
+    with pytest.raises(ValueError, match="prompt 1: "):
+        eng.serve_trace(["a", "", "c"], sp, [0.0, 1.0, 2.0])
+    assert _clean(eng)
+    outs = eng.serve_trace(["a", "c"], sp, [1.0, 0.0])          # the engine still serves, in any arrival order
+    assert [len(o.token_ids) for o in outs] == [2, 2] and outs[0].arrival_time > outs[1].arrival_time
+    assert _clean(eng)
+
+
+def test_serve_trace_step_error_aborts_and_forgets_its_requests():
+    from minillm.serving import SimulatedRunner
+
+    class ShortSim(SimulatedRunner):
+        def execute(self, batch):
+            return super().execute(batch)[:-1]
+    eng = _sim_engine(ShortSim())
+    with pytest.raises(ValueError, match="logits rows but the runner returned"):
+        eng.serve_trace(["a", "b"], SamplingParams(max_tokens=2, ignore_eos=True), [0.0, 0.0])
+    assert _clean(eng)
+
+
+def test_engine_init_rejects_a_runner_built_for_other_settings(small_model):
+    """Was: accepted, then the first step failed with "slot_mapping must lie in [-1, 64)"."""
+    from minillm.serving import SimulatedRunner
+    cfg = small_model.config
+    with pytest.raises(ValueError, match="NumpyRunner was built for 4 blocks of 16 tokens.*told 64 blocks of 16"):
+        LLMEngine(NumpyRunner(small_model, 4, 16), 64, 16, cfg.max_seq_len, cfg.vocab_size)
+    with pytest.raises(ValueError, match="built for 64 blocks of 8 tokens.*told 64 blocks of 16"):
+        LLMEngine(NumpyRunner(small_model, 64, 8), 64, 16, cfg.max_seq_len, cfg.vocab_size)
+    with pytest.raises(ValueError, match="max_model_len=2048 exceeds the 128 positions of NumpyRunner's model"):
+        LLMEngine(NumpyRunner(small_model, 64, 16), 64, 16, 2048, cfg.vocab_size)
+    LLMEngine(NumpyRunner(small_model, 80, 16), 64, 16, cfg.max_seq_len, cfg.vocab_size)   # a larger pool serves
+    LLMEngine(SimulatedRunner(), 10**6, 1, 1 << 20, 50)                 # nothing computed: any settings

@@ -28,7 +28,7 @@ def test_no_component_probes_another_with_hasattr():
 
 def test_runners_declare_every_member_of_their_protocol(tiny_model):
     members = {n for n in dir(Runner) if not n.startswith("_")}
-    assert members == {"execute", "now", "sleep", "prepare"}
+    assert members == {"execute", "now", "sleep", "prepare", "check_engine"}
     for runner in (NumpyRunner(tiny_model, 4, 4), SimulatedRunner()):
         for name in members:
             assert callable(getattr(type(runner), name)), (type(runner).__name__, name)

@@ -265,3 +265,15 @@ def test_torch_runner_padded_speculative_steps_keep_greedy_tokens(tiny_model):
     for p, o in zip(prompts, outs):
         assert o.token_ids == cached_decode(tiny_model, p, 20).new_tokens
     assert eng.scheduler.spec_accepted > 0
+
+
+def test_torch_runner_check_engine_rejects_other_settings_at_engine_init(small_model):
+    """Was: accepted, then the first step failed on a slot outside the pool. The pool's extra (trash) block
+    is not the engine's: a runner of 4 blocks serves an engine of 4, not 5."""
+    cfg = small_model.config
+    run = TorchRunner(small_model, 4, 16, device="cpu", dtype=torch.float32, attention="torch")
+    with pytest.raises(ValueError, match="TorchRunner was built for 4 blocks of 16 tokens.*told 5 blocks of 16"):
+        LLMEngine(run, 5, 16, cfg.max_seq_len, cfg.vocab_size)
+    with pytest.raises(ValueError, match="max_model_len=2048 exceeds the 128 positions of TorchRunner's model"):
+        LLMEngine(run, 4, 16, 2048, cfg.vocab_size)
+    LLMEngine(run, 4, 16, cfg.max_seq_len, cfg.vocab_size)

@@ -153,6 +153,7 @@ class LLMEngine:
             raise ValueError(f"block_manager has {block_manager.num_blocks} blocks of {block_manager.block_size}, "
                              f"the engine was told {num_blocks} of {block_size}")
         self.block_manager = block_manager      # or another memory manager (chapter 7's ContiguousManager)
+        runner.check_engine(num_blocks, block_size, max_model_len)     # its pool and model fit these settings
         self.drafter = as_drafter(drafter)      # a prompt lookup, or a draft model over a pool mirroring ours
         if self.drafter is not None:
             self.drafter.check_target(vocab_size, max_model_len, num_blocks, block_size)
@@ -420,18 +421,9 @@ class LLMEngine:
         """
         if isinstance(prompts, (str, dict)) or (len(prompts) and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
-        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         with self._lock:
             samples = []                                        # (prompt index, prompt, params of one sample)
-            for i, (p, sp) in enumerate(zip(prompts, params)):   # validate everything first
-                try:
-                    sp = self._check_params(sp, one_sample=False)
-                    ids = self._encode(p)
-                    self.scheduler.check_fits(Sequence(-1, ids, sp))
-                except (TypeError, ValueError) as e:
-                    raise _prefixed(e, f"prompt {i}: ") from e
+            for i, (p, sp) in enumerate(zip(prompts, self._validated(prompts, params, one_sample=False))):
                 for c in range(sp.n):
                     seed = None if sp.seed is None else (sp.seed + c) % SEED_LIMIT
                     samples.append((i, p, sp if sp.n == 1 else replace(sp, n=1, seed=seed)))
@@ -451,6 +443,22 @@ class LLMEngine:
         if failed:
             raise RequestFailed(outs, failed)
         return outs
+
+    def _validated(self, prompts, params, one_sample: bool) -> list[SamplingParams]:
+        """Each prompt's checked SamplingParams (``params``: one for all, or a list, one per prompt); raises,
+        naming the prompt, if any prompt or params cannot run on this engine."""
+        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        out = []
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            try:
+                sp = self._check_params(sp, one_sample)
+                self.scheduler.check_fits(Sequence(-1, self._encode(p), sp))
+            except (TypeError, ValueError) as e:
+                raise _prefixed(e, f"prompt {i}: ") from e
+            out.append(sp)
+        return out
 
     def _wait(self, ids: list[int], progress: bool) -> None:
         """Step until the requests ``ids`` have finished (other requests advance in the same steps)."""
@@ -479,31 +487,48 @@ class LLMEngine:
             return TokenStream(self, self._add(prompt, params, None))
 
     def serve_trace(self, prompts, params, arrivals) -> list[RequestOutput]:
-        """Serve requests that arrive over time (seconds on the runner's clock, sorted ascending).
+        """Serve requests that arrive over time; one output per prompt, in prompt order.
 
-        Each request is added once the clock reaches its arrival. When the engine is idle, a simulated
-        runner's clock jumps to the next arrival; a real one sleeps until then. Holds the engine's lock
-        throughout (other threads wait).
+        ``params``: one SamplingParams for all (n=1), or a list, one per prompt; ``arrivals``: one per prompt,
+        seconds after the call (>= 0, finite, in any order) on the runner's clock. Everything is validated
+        before anything is queued (a bad prompt, params or arrival raises and queues nothing). Each request
+        is added once the clock reaches its arrival. When the engine is idle, a simulated runner's clock jumps
+        to the next arrival; a real one sleeps until then. Holds the engine's lock throughout (other threads
+        wait). If the call is interrupted (an exception, KeyboardInterrupt), its requests are aborted and
+        forgotten.
         """
+        if isinstance(prompts, (str, dict)):
+            raise TypeError("prompts must be a list of prompts (texts, token-id lists or prompt dicts)")
+        prompts, arrivals = list(prompts), list(arrivals)
+        if len(arrivals) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(arrivals)} arrival times")
+        for i, a in enumerate(arrivals):
+            if isinstance(a, (bool, np.bool_)) or not isinstance(a, numbers.Real) or not np.isfinite(a) or a < 0:
+                raise ValueError(f"arrivals[{i}] must be a finite number of seconds >= 0 (after the call), got {a!r}")
         with self._lock:
-            return self._serve_trace(prompts, params, arrivals)
+            params = self._validated(prompts, params, one_sample=True)
+            ids: dict[int, int] = {}
+            try:
+                return self._serve_trace(prompts, params, [float(a) for a in arrivals], ids)
+            except BaseException:
+                for rid in ids.values():
+                    self._forget(rid)
+                raise
 
-    def _serve_trace(self, prompts, params, arrivals) -> list[RequestOutput]:
+    def _serve_trace(self, prompts, params, arrivals, ids: dict[int, int]) -> list[RequestOutput]:
         order = np.argsort(np.asarray(arrivals, np.float64), kind="stable")
         t0 = self.runner.now()
-        ids: dict[int, int] = {}
         nxt = 0
         while nxt < len(order) or self.has_unfinished():
             now = self.runner.now() - t0
             while nxt < len(order) and arrivals[order[nxt]] <= now:
                 i = int(order[nxt])
-                ids[i] = self.add_request(prompts[i], params[i] if isinstance(params, list) else params,
-                                          arrival_time=t0 + float(arrivals[i]))
+                ids[i] = self._add(prompts[i], params[i], t0 + arrivals[i])
                 nxt += 1
             if self.has_unfinished():
                 self.step()
             elif nxt < len(order):
-                self.runner.sleep(float(arrivals[order[nxt]]) - now)   # a simulated clock jumps there
+                self.runner.sleep(arrivals[order[nxt]] - now)   # a simulated clock jumps there
         return [self.output(ids[i]) for i in range(len(order))]
 
 

@@ -43,6 +43,11 @@ class Runner(Protocol):
         SchedulerConfig`) can build, before the first one: the torch
         runner captures its CUDA graphs here (decode batch sizes, mixed-step token buckets); elsewhere a no-op."""
 
+    def check_engine(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        """Raise ValueError unless this runner can serve an engine with these settings (its K/V pool holds
+        ``num_blocks`` blocks of ``block_size`` tokens, its model ``max_model_len`` positions); the engine
+        calls it when it is built. A runner that computes nothing accepts any."""
+
 
 @runtime_checkable
 class DraftRunner(Runner, Protocol):

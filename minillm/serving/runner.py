@@ -10,7 +10,8 @@ A runner's contract is :class:`minillm.serving.interfaces.Runner`: ``execute(bat
 token per entry of ``batch.logits_rows`` (one per sequence, or ``len(draft) + 1`` for a speculating one,
 verified by :func:`minillm.sampling.verify_batch`; those of sequences whose ``batch.sample`` is False are
 ignored); ``now()``, the clock the engine stamps tokens with, and ``sleep(seconds)`` on that clock;
-``prepare(config)`` before the first step. A runner that also serves as a draft model
+``prepare(config)`` before the first step; ``check_engine(num_blocks, block_size, max_model_len)`` when the
+engine is built (its pool and model must fit the engine's settings). A runner that also serves as a draft model
 (:class:`minillm.serving.draft.DraftModelProposer`) is a :class:`~minillm.serving.interfaces.DraftRunner`:
 ``logits(step, input_ids=None)`` for a :class:`~minillm.serving.batch.RaggedStep`, ``draft(logits, ...)``,
 array helpers ``zeros``, ``index`` and ``host`` for its backend, and ``decode_chain`` (or None).
@@ -38,6 +39,19 @@ def sampling_arrays(batch: StepBatch):
     """Per logits row: temperature, top-k (0 = off), top-p, seed and step (index of the token it samples)."""
     seq_idx, step = batch.row_params()
     return (*(a[seq_idx] for a in seq_sampling_arrays(batch.seqs)), step)
+
+
+def check_engine_fit(runner, pool_blocks: int, pool_block_size: int, positions: int, num_blocks: int,
+                     block_size: int, max_model_len: int) -> None:
+    """Raise ValueError unless a pool of ``pool_blocks`` blocks of ``pool_block_size`` tokens and a model of
+    ``positions`` positions serve an engine of ``num_blocks`` blocks of ``block_size``, ``max_model_len``."""
+    name = type(runner).__name__
+    if pool_block_size != block_size or pool_blocks < num_blocks:
+        raise ValueError(f"{name} was built for {pool_blocks} blocks of {pool_block_size} tokens, but the engine was "
+                         f"told {num_blocks} blocks of {block_size}: build the runner with the engine's "
+                         f"num_blocks and block_size")
+    if max_model_len > positions:
+        raise ValueError(f"max_model_len={max_model_len} exceeds the {positions} positions of {name}'s model")
 
 
 class NumpyRunner:
@@ -94,6 +108,10 @@ class NumpyRunner:
 
     def prepare(self, config) -> None:
         """Nothing to get ready: every step runs eagerly."""
+
+    def check_engine(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        check_engine_fit(self, self.k_pool.shape[1], self.block_size, self.model.config.max_seq_len, num_blocks,
+                         block_size, max_model_len)
 
 
 @dataclass
@@ -179,3 +197,6 @@ class SimulatedRunner:
 
     def prepare(self, config) -> None:
         """Nothing to get ready."""
+
+    def check_engine(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        """Any settings: nothing is computed, so there is no pool or model to fit."""

@@ -31,7 +31,7 @@ import torch
 from .. import torch_sampling
 from ..torch_model import TorchModel, torch_varlen_attention
 from .batch import StepBatch
-from .runner import sampling_arrays
+from .runner import check_engine_fit, sampling_arrays
 
 class TorchRunner:
     def __init__(self, model, num_blocks: int, block_size: int, device=None, dtype=torch.bfloat16,
@@ -336,3 +336,7 @@ class TorchRunner:
         """Capture the CUDA graphs every step of a scheduler with ``config`` can replay (:meth:`capture_graphs`):
         what ``LLM(runner="torch")`` does at startup. A no-op without graphs (CPU, ``cuda_graphs=False``)."""
         self.capture_graphs(config.max_num_seqs, config.max_num_batched_tokens, config.num_speculative_tokens)
+
+    def check_engine(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        check_engine_fit(self, self.num_blocks, self.block_size, self.config.max_seq_len, num_blocks, block_size,
+                         max_model_len)      # the pool's extra block is the padded rows' trash, not the engine's

@@ -116,6 +116,9 @@ class _MeasuringRunner:
     def prepare(self, config) -> None:
         self.inner.prepare(config)
 
+    def check_engine(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        self.inner.check_engine(num_blocks, block_size, max_model_len)
+
     def execute(self, batch):
         running = len(batch.seqs)               # the budget is never the limit: every running sequence is here
         live = int(batch.context_lens.sum())
