@@ -16,10 +16,19 @@ import numpy as np
 
 
 def check_attention_inputs(q, k, v) -> tuple[int, int, int, int, int, int]:
-    """Validate shapes for the shared layout; return (B, Hq, Hkv, Nq, Nk, D)."""
+    """Validate shapes and dtypes for the shared layout; return (B, Hq, Hkv, Nq, Nk, D).
+
+    q, k, v must be floating point (NumPy or torch): integer inputs would be cast back to an integer output.
+    """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if getattr(x, "ndim", None) != 4:
             raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {getattr(x, 'shape', None)}")
+        dt = x.dtype
+        floating = getattr(dt, "is_floating_point", None)     # torch dtypes say so themselves
+        if floating is None:
+            floating = np.issubdtype(np.dtype(dt), np.floating)
+        if not floating:
+            raise ValueError(f"{name} must have a floating-point dtype, got {dt}")
     B, Hq, Nq, D = q.shape
     Bk, Hkv, Nk, Dk = k.shape
     if tuple(k.shape) != tuple(v.shape):

@@ -87,11 +87,40 @@ def decode_step(model, token_id: int, cache, ops: StepOps | None = None) -> np.n
     # END SOLUTION
 
 
+def check_decode_cache(cache, positions: int) -> None:
+    """A cache handed to :func:`cached_decode` must be empty, hold one sequence and fit ``positions``.
+
+    The prefill writes the prompt at position ``cache.length``, so a cache that already holds positions
+    would silently decode a different (longer) sequence: it is refused (``cache.reset()`` or
+    ``cache.truncate(0)`` empties one). Batch and capacity are checked where the cache states them
+    (a contiguous ``KVCache``); a growing or paged cache reports running out itself.
+    """
+    length = getattr(cache, "length", None)
+    if length != 0:
+        raise ValueError(f"cached_decode needs an empty cache, but this one already holds {length} positions "
+                         f"(empty it with cache.reset() or cache.truncate(0), or pass a new one)")
+    shape = tuple(getattr(getattr(cache, "k", None), "shape", ()))
+    tables = getattr(cache, "tables", None)
+    batch = shape[1] if len(shape) == 5 else (len(tables) if isinstance(tables, list) else 1)
+    if batch != 1:
+        raise ValueError(f"cached_decode decodes one sequence, but the cache has batch {batch}")
+    capacity = getattr(cache, "capacity", None)
+    if capacity is not None and capacity < positions:
+        raise ValueError(f"the cache holds {capacity} positions, but the prompt + n_new - 1 = {positions} "
+                         f"positions need to be cached")
+
+
 def cached_decode(model, prompt_ids, n_new: int, sampler=greedy, cache=None) -> DecodeResult:
-    """Generate ``n_new`` tokens: prefill once, then one cached decode step per token."""
+    """Generate ``n_new`` tokens: prefill once, then one cached decode step per token.
+
+    ``cache`` (default: a new ``KVCache`` of exactly the size needed) must be empty and hold one sequence:
+    see :func:`check_decode_cache`.
+    """
     prompt = check_decode_args(model, prompt_ids, n_new)
     if cache is None:
         cache = model.new_cache(batch=1, capacity=len(prompt) + n_new - 1)
+    else:
+        check_decode_cache(cache, len(prompt) + n_new - 1)
     tokens = list(prompt)
     result = DecodeResult(tokens=tokens, prompt_len=len(prompt))
     for step in range(n_new):

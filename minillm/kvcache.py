@@ -34,6 +34,13 @@ def _check_truncate(n, length: int) -> None:
         raise ValueError(f"truncate needs an integer in [0, {length}] (the cached length), got {n!r}")
 
 
+def _check_advance(n, room: int | None) -> None:
+    """``n`` new positions: an integer >= 0 and, where the cache has a capacity, at most the ``room`` left."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 or (room is not None and n > room):
+        where = "[0, ...)" if room is None else f"[0, {room}] (the room left in the cache)"
+        raise ValueError(f"advance needs an integer in {where}, got {n!r}")
+
+
 class KVCache:
     """Preallocated per-layer K/V storage; works with NumPy arrays or torch tensors."""
 
@@ -68,7 +75,9 @@ class KVCache:
         # END SOLUTION
 
     def advance(self, n: int) -> None:
-        self.length += n
+        """Count ``n`` more positions as cached (after every layer has written them)."""
+        _check_advance(n, self.capacity - self.length)
+        self.length += int(n)
 
     def reset(self) -> None:
         self.length = 0
@@ -109,7 +118,8 @@ class ConcatKVCache:
         return k, v
 
     def advance(self, n: int) -> None:
-        self.length += n
+        _check_advance(n, None)
+        self.length += int(n)
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` positions (views; the dropped rows go with the old arrays)."""

@@ -44,8 +44,14 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"ModelConfig.{name} must be an integer >= 1, got {v!r}")
+        for name, what in (("rope_theta", "RoPE's base"), ("norm_eps", "RMSNorm's epsilon, rms_norm_eps in HF")):
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(v) or v <= 0:
+                raise ValueError(f"ModelConfig.{name} ({what}) must be a finite number > 0, got {v!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.n_heads % self.n_kv_heads:
@@ -301,7 +307,8 @@ class Model:
         cu_seqlens_q (S+1,) int32              sequence s owns rows cu_seqlens_q[s]:cu_seqlens_q[s+1]
         k_pool, v_pool  (n_layers, num_blocks, block_size, Hkv, D), written in place
 
-        Returns the logits of ``logits_rows`` (default: each sequence's last new token), shape (len, V).
+        Returns the logits of ``logits_rows`` (default: each sequence's last new token), shape (len, V), computed
+        in the model's dtype (attention runs in the pools' dtype: float64 pools for a float64-exact step).
         ``attn_fn`` has :func:`minillm.paged.attention.paged_varlen_attention`'s signature.
         """
         if attn_fn is None:
@@ -319,7 +326,7 @@ class Model:
         n_slots = k_pool.shape[1] * k_pool.shape[2]
         if slots.max() >= n_slots or slots.min() < -1:
             raise ValueError(f"slot_mapping must lie in [-1, {n_slots}), got [{slots.min()}, {slots.max()}]")
-        cos, sin = rope_tables(positions, cfg.d_head, cfg.rope_theta)
+        cos, sin = rope_tables(positions, cfg.d_head, cfg.rope_theta, self.dtype)
         P, hd, H, Hkv = self.params, cfg.d_head, cfg.n_heads, cfg.n_kv_heads
         keep = slots >= 0
 
@@ -339,7 +346,7 @@ class Model:
             vf[slots[keep]] = v[keep]
             a = attn_fn(q.astype(k_pool.dtype), k_pool[layer], v_pool[layer], block_tables, context_lens,
                         cu_seqlens_q)
-            x = x + _linear(np.asarray(a, np.float32).reshape(T, H * hd), P[p + "wo"], ops)
+            x = x + _linear(np.asarray(a, self.dtype).reshape(T, H * hd), P[p + "wo"], ops)
             h = rms_norm(x, P[p + "mlp_norm"], cfg.norm_eps)
             gated = silu(_linear(h, P[p + "w_gate"], ops)) * _linear(h, P[p + "w_up"], ops)
             x = x + _linear(gated, P[p + "w_down"], ops)

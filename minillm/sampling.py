@@ -5,8 +5,14 @@ import numpy as np
 
 
 def greedy(logits: np.ndarray) -> int:
-    """Pick the most likely token (ties go to the lowest id)."""
-    return int(np.argmax(logits))
+    """Pick the most likely token of one row of logits, shape (V,) (ties go to the lowest id).
+
+    A batch of rows is refused: ``np.argmax`` would return an index into the flattened array, not a token
+    id (``sample_batch`` with temperature 0 is the row-wise greedy)."""
+    z = np.asarray(logits)
+    if z.ndim != 1 or z.size == 0:
+        raise ValueError(f"greedy takes one row of logits, shape (V,) with V >= 1, got shape {z.shape}")
+    return int(np.argmax(z))
 
 
 class TemperatureSampler:
@@ -16,8 +22,8 @@ class TemperatureSampler:
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int | None = None, seed: int = 0):
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use greedy for argmax), got {temperature}")
+        if not np.isfinite(temperature) or temperature <= 0:
+            raise ValueError(f"temperature must be a finite number > 0 (use greedy for argmax), got {temperature}")
         if top_k is not None and top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
         self.temperature, self.top_k = float(temperature), top_k
@@ -71,18 +77,28 @@ def _pick(a, n: int, rows):
     return None if a is None else np.broadcast_to(np.asarray(a), (n,))[rows]
 
 
+def _check_temperature(t: np.ndarray, where: str) -> None:
+    """Temperatures must be finite and >= 0 (0: greedy): NaN or a negative value would pass ``t > 0`` tests
+    as greedy, silently."""
+    bad = ~np.isfinite(t) | (t < 0)
+    if bad.any():
+        raise ValueError(f"{where} needs every temperature finite and >= 0 (0 is greedy), got {t[bad][0]!r}")
+
+
 def shape_logits(logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.ndarray:
     """Scaled logits with the tokens outside top-k / top-p set to -inf; rows are sequences.
 
     ``temperature``, ``top_k`` (0 or None: off) and ``top_p`` (1 or None: off) are scalars or one value per
     row. Top-p keeps the smallest set of most likely tokens whose probability reaches top_p (at least one).
+    A temperature that is not finite and > 0, or a top_p outside (0, 1], raises ValueError.
     This is the one place where p is shaped: the engine and speculative decoding both call it.
     """
     z = np.atleast_2d(np.asarray(logits, np.float64))
     S, V = z.shape
     t = np.broadcast_to(np.asarray(temperature, np.float64), (S,))
-    if (t <= 0).any():
-        raise ValueError("shape_logits needs temperature > 0 (temperature 0 is greedy: take the argmax)")
+    if not (np.isfinite(t) & (t > 0)).all():
+        raise ValueError(f"shape_logits needs every temperature finite and > 0 (temperature 0 is greedy: take the "
+                         f"argmax), got {t[~(np.isfinite(t) & (t > 0))][0]!r}")
     z = z / t[:, None]
     if top_k is not None:
         k = np.broadcast_to(np.asarray(top_k, np.int64), (S,))
@@ -91,6 +107,9 @@ def shape_logits(logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.
         z = np.where(z >= kth, z, -np.inf)
     if top_p is not None:
         p_cut = np.broadcast_to(np.asarray(top_p, np.float64), (S,))
+        if not ((p_cut > 0) & (p_cut <= 1)).all():   # also NaN; top_p 0 would drop every token
+            raise ValueError(f"shape_logits needs every top_p in (0, 1] (1 or None: off), "
+                             f"got {p_cut[~((p_cut > 0) & (p_cut <= 1))][0]!r}")
         order = np.argsort(-z, axis=1, kind="stable")
         zs = np.take_along_axis(z, order, axis=1)
         ps = np.exp(zs - zs[:, :1])
@@ -107,6 +126,7 @@ def sample_batch(logits: np.ndarray, temperature, top_k, top_p, seeds, steps) ->
     """One token per row: argmax where temperature is 0, else a seeded Gumbel-max draw from shape_logits."""
     z = np.atleast_2d(np.asarray(logits, np.float64))
     t = np.broadcast_to(np.asarray(temperature, np.float64), (z.shape[0],))
+    _check_temperature(t, "sample_batch")
     out = np.argmax(z, axis=1)
     hot = np.flatnonzero(t > 0)
     if hot.size:
@@ -207,7 +227,7 @@ def verify_batch(logits: np.ndarray, drafts, q, temperature, top_k, top_p, seeds
     R, V = z.shape
     drafts = np.asarray(drafts, np.int64)
     out = sample_batch(z, temperature, top_k, top_p, seeds, steps)
-    t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))
+    t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))   # checked by sample_batch above
     rows = np.flatnonzero((drafts >= 0) & (t > 0))
     if rows.size == 0 or q is None:              # one-hot drafts: the plain sample (see above)
         return out
@@ -234,6 +254,7 @@ def draft_batch(logits: np.ndarray, temperature, top_k, top_p, seeds, steps, wan
     z = np.atleast_2d(np.asarray(logits, np.float64))
     R = z.shape[0]
     t = np.broadcast_to(np.asarray(temperature, np.float64), (R,))
+    _check_temperature(t, "draft_batch")
     tokens = np.argmax(z, axis=1).astype(np.int64)
     hot = np.flatnonzero(t > 0)
     if hot.size == 0:

@@ -206,3 +206,20 @@ def test_tile_plan_causal_skips_about_half():
 def test_tile_plan_rejects_bad_sizes(bad):
     with pytest.raises(ValueError):
         tile_plan(64, 64, bad, 16, causal=True)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_attention_references_reject_non_floating_dtypes(dtype, which):
+    """Integer q/k/v used to give an integer (truncated) output, silently."""
+    from minillm.attention import flash_attention, flash_attention_backward
+
+    qkv = [np.ones((1, 2, 3, 4), np.float32) for _ in range(3)]
+    qkv[which] = qkv[which].astype(dtype)
+    name = "qkv"[which]
+    for fn in (standard_attention, flash_attention):
+        with pytest.raises(ValueError, match=f"{name} must have a floating-point dtype, got {np.dtype(dtype)}"):
+            fn(*qkv)
+    o, lse = np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3))
+    with pytest.raises(ValueError, match="floating-point dtype"):
+        flash_attention_backward(*qkv, o, lse, o)

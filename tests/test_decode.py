@@ -71,3 +71,26 @@ def test_naive_decode_rejects_prompt_longer_than_max_seq_len(small_model):
         naive_decode(small_model, [1] * (n + 1), 1)
     with pytest.raises(ValueError, match="exceeds max_seq_len"):
         naive_decode(small_model, [1] * n, 2)
+
+
+def test_cached_decode_rejects_a_cache_already_used(small_model):
+    """A second call with the same cache used to prefill after the first run's positions: other tokens, no error."""
+    from minillm.decode import cached_decode
+
+    cache = small_model.new_cache(capacity=32)
+    first = cached_decode(small_model, [65, 66], 6, cache=cache)
+    with pytest.raises(ValueError, match="empty cache.*already holds 7 positions"):
+        cached_decode(small_model, [65, 66], 6, cache=cache)
+    cache.reset()                                          # emptied, it serves again, and gives the same tokens
+    assert cached_decode(small_model, [65, 66], 6, cache=cache).tokens == first.tokens
+
+
+def test_cached_decode_rejects_a_cache_with_batch_or_capacity_that_does_not_fit(small_model):
+    from minillm.decode import cached_decode
+
+    with pytest.raises(ValueError, match="batch 2"):
+        cached_decode(small_model, [65, 66], 3, cache=small_model.new_cache(batch=2, capacity=16))
+    with pytest.raises(ValueError, match="holds 5 positions.*6"):
+        cached_decode(small_model, [65, 66, 67], 4, cache=small_model.new_cache(capacity=5))
+    ok = cached_decode(small_model, [65, 66, 67], 4, cache=small_model.new_cache(capacity=6))   # exactly enough
+    assert ok.tokens == cached_decode(small_model, [65, 66, 67], 4).tokens

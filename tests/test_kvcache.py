@@ -118,3 +118,21 @@ def test_truncate_rejects_lengths_outside_the_cache(bad):
     with pytest.raises(ValueError, match="truncate"):
         cache.truncate(bad)
     assert cache.length == 4
+
+
+@pytest.mark.parametrize("bad", [-3, 5, 1.5, True, "2"])
+def test_kvcache_advance_rejects_negative_or_past_capacity(bad):
+    cache = KVCache.allocate(SMALL, capacity=8)
+    cache.advance(4)
+    with pytest.raises(ValueError, match="advance"):
+        cache.advance(bad)
+    assert cache.length == 4
+    cache.advance(4)                                       # up to the capacity is fine
+    assert cache.length == 8
+
+
+def test_concatkvcache_advance_rejects_negative():
+    cache = ConcatKVCache(SMALL.n_layers)
+    with pytest.raises(ValueError, match="advance"):
+        cache.advance(-3)
+    assert cache.length == 0

@@ -351,3 +351,70 @@ def test_model_unsupported_dtype_raises():
 
     with pytest.raises(ValueError, match="float32 or float64"):
         load_model("tiny").astype(np.float16)
+
+
+# --------------------------------------------------------------------------- config fields and dtypes
+
+
+@pytest.mark.parametrize("field,bad", [
+    ("n_layers", "6"), ("n_layers", 6.0), ("d_ff", 64.5), ("vocab_size", True), ("max_seq_len", np.bool_(True)),
+    ("n_heads", -8), ("norm_eps", -1), ("norm_eps", 0.0), ("norm_eps", float("nan")), ("norm_eps", "1e-5"),
+    ("rope_theta", 0), ("rope_theta", float("inf")), ("rope_theta", -10000.0), ("rope_theta", True),
+])
+def test_modelconfig_rejects_wrong_types_and_values(field, bad):
+    """These used to be accepted: a string or float size broke later in range(), True counted as 1, and a
+    zero or negative rope_theta / norm_eps built a model that computes NaN or nonsense."""
+    with pytest.raises(ValueError, match=f"ModelConfig.{field}"):
+        ModelConfig(**{field: bad})
+
+
+def test_modelconfig_accepts_numpy_numbers_and_an_int_rope_theta():
+    cfg = ModelConfig(n_layers=np.int64(2), rope_theta=10000, norm_eps=np.float32(1e-6))
+    assert cfg.n_layers == 2 and len(cfg.param_shapes()) == 2 * 9 + 3
+
+
+@pytest.mark.parametrize("field,bad", [("n_layers", "2"), ("n_layers", 2.0), ("norm_eps", -1.0), ("rope_theta", 0)])
+def test_load_checkpoint_invalid_stored_config_is_a_checkpoint_error(tmp_path, field, bad):
+    """n_layers "2" or 2.0 used to escape as a raw TypeError from param_shapes; norm_eps -1 and rope_theta 0 loaded."""
+    params = init_params(SMALL, seed=1)
+    path = tmp_path / "m.npz"
+    np.savez(path, **params, __config__=np.array(json.dumps({**SMALL.__dict__, field: bad})))
+    with _raises_naming(path, f"'__config__' is not a valid ModelConfig .*ModelConfig.{field}"):
+        load_checkpoint(path)
+
+
+def _ragged_whole_prompts(m, prompts, dtype, block_size=4):
+    """One ragged prefill step of whole prompts against pools of ``dtype``: the last token's logits of each."""
+    k_pool, v_pool, bt = _ragged_inputs(m, [(p, 0) for p in prompts], block_size=block_size)
+    k_pool, v_pool = k_pool.astype(dtype), v_pool.astype(dtype)
+    pos = np.concatenate([np.arange(len(p)) for p in prompts])
+    slots = np.concatenate([bt[i][np.arange(len(p)) // block_size].astype(np.int64) * block_size
+                            + np.arange(len(p)) % block_size for i, p in enumerate(prompts)])
+    cu = np.concatenate([[0], np.cumsum([len(p) for p in prompts])]).astype(np.int32)
+    return m.forward_ragged(np.concatenate(prompts), pos, slots, bt, np.array([len(p) for p in prompts], np.int32),
+                            cu, k_pool, v_pool)
+
+
+RAGGED_F64_ATOL = 1e-12   # float64 against float64, only summation order differs (the old float32 tables and cast: 2.5e-7)
+
+
+def test_forward_ragged_float64_model_is_float64_accurate():
+    """A float64 model's ragged forward used float32 RoPE tables and cast attention to float32: ~1e-6 off."""
+    m = load_model("tiny").astype(np.float64)
+    tok = ByteTokenizer()
+    prompts = [tok.encode(s) for s in ("def f(x):\n    return x", "import os\n", "class A(B):")]
+    got = _ragged_whole_prompts(m, prompts, np.float64)
+    assert got.dtype == np.float64
+    for i, p in enumerate(prompts):
+        np.testing.assert_allclose(got[i], m.forward(np.array(p))[-1], rtol=0, atol=RAGGED_F64_ATOL)
+
+
+def test_forward_ragged_float32_model_unchanged():
+    """The float32 path keeps float32 tables and outputs (within float32 rounding of the plain forward)."""
+    m = load_model("tiny")
+    tok = ByteTokenizer()
+    prompts = [tok.encode(s) for s in ("def f(x):\n    return x", "import os\n")]
+    got = _ragged_whole_prompts(m, prompts, np.float32)
+    assert got.dtype == np.float32
+    for i, p in enumerate(prompts):
+        np.testing.assert_allclose(got[i], m.forward(np.array(p))[-1], rtol=1e-4, atol=1e-4)

@@ -112,3 +112,24 @@ def test_paged_varlen_attention_rejects_bad_batches(rng, mutate, match):
     mutate(a)
     with pytest.raises(ValueError, match=match):
         paged_varlen_attention(a["q"], kc, vc, a["tables"], a["lens"], a["cu"])
+
+
+@pytest.mark.parametrize("which,name", [(0, "q"), (1, "k_cache"), (2, "v_cache")])
+def test_paged_attention_rejects_non_floating_dtypes(which, name, rng):
+    """All-integer inputs used to pass (they share a dtype) and return an integer output, silently."""
+    q, kc, vc, table, lens = random_paged(rng)
+    ints = [np.rint(a * 4).astype(np.int64) for a in (q, kc, vc)]
+    with pytest.raises(ValueError, match="q must have a floating-point dtype, got int64"):
+        paged_attention(*ints, table, lens)
+    args = [q, kc, vc]
+    args[which] = ints[which]
+    with pytest.raises(ValueError, match=f"{name} must have a floating-point dtype"):
+        paged_attention(*args, table, lens)
+
+
+def test_paged_varlen_attention_rejects_non_floating_dtypes(rng):
+    q, kc, vc, table, lens = random_paged(rng, lens=(3, 5, 9))
+    cu = np.array([0, 1, 2, 3], np.int32)
+    ints = [np.rint(a * 4).astype(np.int32) for a in (q, kc, vc)]
+    with pytest.raises(ValueError, match="q must have a floating-point dtype, got int32"):
+        paged_varlen_attention(*ints, table, lens, cu)

@@ -296,3 +296,52 @@ def test_verify_probs_groups_residuals_and_never_returns_a_rejected_draft():
     r, group, trials = calls[0]
     assert trials.tolist() == [0, 2, 3] and r.shape == (3, 3)        # one residual per (row, draft)
     assert tok.tolist() == [1, 0, 1, 2] and all(tok[t] != d for t, d in zip(trials, [0, 2, 1]))
+
+
+# --------------------------------------------------------------------------- bad settings are refused, not guessed
+
+def test_shape_logits_rejects_top_p_outside_0_1():
+    """top_p 0 used to mask every logit to -inf (the docstring promises at least one token kept), and a draw then
+    returned token 0 whatever the logits."""
+    from minillm.sampling import shape_logits
+
+    z = np.array([[1.0, 2.0, 3.0]])
+    for bad in (0.0, -0.5, 1.5, np.nan):
+        with pytest.raises(ValueError, match="top_p"):
+            shape_logits(z, 1.0, top_p=bad)
+    with pytest.raises(ValueError, match="top_p"):
+        sample_batch(z, 1.0, 0, 0.0, np.array([1]), np.array([0]))
+    assert np.isfinite(shape_logits(z, 1.0, top_p=1e-9)).sum() == 1        # the smallest valid top_p keeps one
+    np.testing.assert_array_equal(shape_logits(z, 1.0, top_p=1.0), z)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, -1.0])
+def test_sample_batch_rejects_non_finite_or_negative_temperature(bad):
+    """NaN (or a negative temperature) failed ``t > 0`` and was served as greedy; shape_logits returned NaN rows."""
+    from minillm.sampling import TemperatureSampler, shape_logits
+
+    z = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 5.0]])
+    seeds, steps = np.array([1, 2]), np.array([0, 0])
+    with pytest.raises(ValueError, match="temperature"):
+        sample_batch(z, np.array([1.0, bad]), 0, 1.0, seeds, steps)
+    with pytest.raises(ValueError, match="temperature"):
+        draft_batch(z, np.array([bad, 0.0]), 0, 1.0, seeds, steps)
+    with pytest.raises(ValueError, match="temperature"):
+        verify_batch(z, np.array([0, 1]), None, bad, 0, 1.0, seeds, steps)
+    with pytest.raises(ValueError, match="temperature"):
+        shape_logits(z, bad)
+    with pytest.raises(ValueError, match="temperature"):
+        TemperatureSampler(bad)
+    assert sample_batch(z, np.array([0.0, 0.0]), 0, 1.0, seeds, steps).tolist() == [2, 2]   # 0 is still greedy
+
+
+def test_greedy_rejects_anything_but_one_row():
+    """A (B, V) batch used to return an index into the flattened array (2 here), not a token id."""
+    from minillm.sampling import greedy
+
+    with pytest.raises(ValueError, match=r"one row of logits.*\(2, 2\)"):
+        greedy(np.array([[0.0, 1.0], [5.0, 0.0]]))
+    for bad in (np.float64(3.0), np.zeros(0)):
+        with pytest.raises(ValueError, match="one row"):
+            greedy(bad)
+    assert greedy(np.array([0.0, 4.0, 4.0])) == 1 and greedy([1.0, 0.0]) == 0

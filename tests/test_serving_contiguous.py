@@ -108,3 +108,36 @@ def test_reserve_max_drives_the_numpy_model_with_one_slot_blocks(small_model):
     got = eng.generate(prompts, [SamplingParams(max_tokens=o, ignore_eos=True) for o in outs], progress=False)
     for p, o, r in zip(prompts, outs, got):
         assert r.token_ids == cached_decode(small_model, p, o).new_tokens
+
+
+def test_first_fit_allocator_rejects_sizes_below_one():
+    """allocate(-5) used to succeed and leave a hole [-5, 15): a range before the address space."""
+    from minillm.serving import FirstFitAllocator
+
+    mem = FirstFitAllocator(10)
+    for bad in (-5, 0, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="size"):
+            mem.allocate(bad)
+        with pytest.raises(ValueError, match="size"):
+            mem.fits(bad)
+    with pytest.raises(ValueError, match="extra"):
+        mem.try_extend(0, 0, -3)
+    assert mem.holes == [[0, 10]] and mem.free_slots == 10
+
+
+def test_first_fit_allocator_free_rejects_double_free_and_out_of_bounds():
+    """Freeing a range twice used to leave overlapping holes ([[0, 4], [0, 10]]) and 14 free slots of 10."""
+    from minillm.serving import FirstFitAllocator
+
+    mem = FirstFitAllocator(10)
+    a, b = mem.allocate(4), mem.allocate(3)
+    mem.free(a, 4)
+    for start, size in ((a, 4), (a + 2, 1), (2, 3), (b + 1, 4), (b + 3, 3)):    # every one touches a free slot
+        with pytest.raises(ValueError, match="overlaps the free hole"):
+            mem.free(start, size)
+    for start, size in ((8, 5), (-1, 2), (4, 0), (4, 1.5)):
+        with pytest.raises(ValueError, match="cannot free|start|size"):
+            mem.free(start, size)
+    assert mem.holes == [[0, 4], [7, 3]] and mem.free_slots == 7
+    mem.free(b, 3)                                          # the real free still merges everything
+    assert mem.holes == [[0, 10]] and mem.free_slots == 10

@@ -45,6 +45,10 @@ def check_paged_inputs(q, k_cache, v_cache, block_table, seq_lens, check_table: 
     for name, x in (("block_table", block_table), ("seq_lens", seq_lens)):
         if str(x.dtype) not in ("int32", "torch.int32"):
             raise ValueError(f"{name} must be int32, got {x.dtype}")
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        floating = getattr(x.dtype, "is_floating_point", None)   # torch dtypes say so themselves
+        if not (np.issubdtype(np.dtype(x.dtype), np.floating) if floating is None else floating):
+            raise ValueError(f"{name} must have a floating-point dtype, got {x.dtype}")
     if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
         raise ValueError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     if not check_table:

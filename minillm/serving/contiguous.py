@@ -43,9 +43,12 @@ class FirstFitAllocator:
 
     def fits(self, size: int) -> bool:
         """Would ``allocate(size)`` succeed?"""
+        size = check_count("size", size)
         return any(hole[1] >= size for hole in self.holes)
 
     def allocate(self, size: int) -> int | None:
+        """The start of a new range of ``size`` (an integer >= 1) slots, first fit; None if no hole is large enough."""
+        size = check_count("size", size)
         for hole in self.holes:
             if hole[1] >= size:
                 start = hole[0]
@@ -71,11 +74,13 @@ class FirstFitAllocator:
 
     def can_extend(self, start: int, size: int, extra: int) -> bool:
         """Would ``try_extend(start, size, extra)`` succeed?"""
+        extra = check_count("extra", extra)
         hole = self._hole_after(start, size)
         return hole is not None and hole[1] >= extra
 
     def try_extend(self, start: int, size: int, extra: int) -> bool:
         """Grow the range [start, start+size) in place by ``extra`` slots if the hole right after it allows."""
+        extra = check_count("extra", extra)
         hole = self._hole_after(start, size)
         if hole is None or hole[1] < extra:
             return False
@@ -83,9 +88,18 @@ class FirstFitAllocator:
         return True
 
     def free(self, start: int, size: int) -> None:
+        """Return the range [start, start+size) to the holes. It must lie inside the address space and overlap
+        no hole (freeing a range twice, or a range never handed out, would corrupt the holes): ValueError."""
+        start, size = check_count("start", start, 0), check_count("size", size)
+        if start + size > self.capacity:
+            raise ValueError(f"cannot free [{start}, {start + size}): the address space has {self.capacity} slots")
         i = 0
         while i < len(self.holes) and self.holes[i][0] < start:
             i += 1
+        for h in self.holes[max(i - 1, 0):i + 1]:       # the holes on either side of where it goes
+            if h[0] < start + size and start < h[0] + h[1]:
+                raise ValueError(f"cannot free [{start}, {start + size}): it overlaps the free hole "
+                                 f"[{h[0]}, {h[0] + h[1]}) (a double free, or a range never allocated)")
         self.holes.insert(i, [start, size])
         if i + 1 < len(self.holes) and start + size == self.holes[i + 1][0]:   # merge with the next hole
             self.holes[i][1] += self.holes.pop(i + 1)[1]
@@ -119,10 +133,6 @@ class ContiguousManager:
     @property
     def num_free(self) -> int:
         return self.mem.free_slots
-
-    @property
-    def num_allocated(self) -> int:
-        return self.num_blocks - self.mem.free_slots
 
     def blocks_for(self, n_tokens: int) -> int:
         """Slots a sequence of ``n_tokens`` tokens may need at its longest (the scheduler rejects a request
