@@ -82,7 +82,7 @@ class EngineLoop:
     def add(self, prompt, params: SamplingParams, aloop, queue) -> int:
         """Queue a request (raises, queuing nothing, if the engine refuses it) and track it. Any thread."""
         eng = self.engine
-        with eng._lock:
+        with eng.lock:
             rid = eng.add_request(prompt, params)
             self.trackers[rid] = (aloop, queue, [0])
         self._wake.set()
@@ -91,7 +91,7 @@ class EngineLoop:
     def abort(self, rid: int) -> None:
         """Stop tracking a request and abort it if it is unfinished (its client went away). Any thread."""
         eng = self.engine
-        with eng._lock:
+        with eng.lock:
             self.trackers.pop(rid, None)
             if rid in eng.requests:
                 eng.abort_request(rid)
@@ -117,7 +117,7 @@ class EngineLoop:
                 self.steps += 1
             except Exception as e:                    # an engine bug: fail what is tracked, keep serving
                 self.error, self.failed_steps = f"{type(e).__name__}: {e}", self.failed_steps + 1
-                with eng._lock:
+                with eng.lock:
                     for rid in list(self.trackers):
                         aloop, q, _ = self.trackers.pop(rid)
                         self._send(aloop, q, ("error", rid, self.error))
@@ -135,7 +135,7 @@ class EngineLoop:
 
     def _publish(self) -> None:
         eng = self.engine
-        with eng._lock:
+        with eng.lock:
             for rid, (aloop, q, sent) in list(self.trackers.items()):
                 seq = eng.requests.get(rid)
                 if seq is None:

@@ -45,7 +45,7 @@ def _idle(server, timeout=10.0) -> bool:
     eng = server.app.state.minillm.engine
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        with eng._lock:
+        with eng.lock:
             if not eng.has_unfinished() and not eng.requests:
                 return True
         time.sleep(0.02)

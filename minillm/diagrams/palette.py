@@ -62,18 +62,6 @@ def positive_float(name: str, value) -> float:
     return float(value)
 
 
-def int_list(name: str, values, *, at_least: int = 1, max_len: int | None = None, min_len: int = 1) -> list[int]:
-    try:
-        out = [positive_int(name, v, at_least=at_least) for v in values]
-    except TypeError:
-        raise ValueError(f"{name} must be a sequence of integers, got {values!r}") from None
-    except ValueError:
-        raise ValueError(f"{name} must hold integers >= {at_least}, got {values!r}") from None
-    if len(out) < min_len or (max_len is not None and len(out) > max_len):
-        raise ValueError(f"{name} must hold {min_len} to {max_len} values, got {len(out)}")
-    return out
-
-
 # ---- drawing ---------------------------------------------------------------------------------------------
 def figure(**kw):
     """A Figure not registered with pyplot (no global state) that a notebook shows as a PNG by itself: its

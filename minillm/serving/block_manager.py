@@ -39,9 +39,6 @@ class BlockManager:
         """New blocks ``seq`` needs so that its first ``n_tokens`` tokens have slots."""
         return max(0, self.blocks_for(n_tokens) - len(seq.block_table))
 
-    def can_allocate(self, n_blocks: int) -> bool:
-        return n_blocks <= self.allocator.num_free
-
     def can_grow(self, seq: Sequence, n_tokens: int) -> bool:
         """Can ``seq`` get slots for its first ``n_tokens`` tokens now? (Any free block will do.)"""
         return self.blocks_needed(seq, n_tokens) <= self.allocator.num_free

@@ -243,7 +243,7 @@ class LLMEngine:
         self._next_id += 1
         return seq.seq_id
 
-    def _seq(self, request_id: int) -> Sequence:
+    def _seq(self, request_id: int) -> _Request:
         try:
             return self.requests[request_id]
         except KeyError:
@@ -275,6 +275,12 @@ class LLMEngine:
             self._reap()
             return self.scheduler.has_unfinished()
 
+    @property
+    def lock(self):
+        """The engine's re-entrant lock: every public method takes it; hold it to read ``requests`` or to run
+        several calls as one from another thread (the server's engine loop does)."""
+        return self._lock
+
     def output(self, request_id: int) -> RequestOutput:
         """The request's output so far. Once the request has finished, this hands its output over and the
         engine forgets it (a second call raises KeyError), so ``requests`` does not grow without bound."""
@@ -283,12 +289,12 @@ class LLMEngine:
             if s.finished:
                 del self.requests[request_id]
             text = self.text(s)
-            lps = list(getattr(s, "logprobs", ())) if s.params.logprobs is not None else None
-            comp = CompletionOutput(0, text, list(s.output), getattr(s, "cumulative_logprob", 0.0)
-                                    if lps is not None else None, lps, s.finish_reason, getattr(s, "stop_reason", None))
+            lps = list(s.logprobs) if s.params.logprobs is not None else None     # (s: a _Request, always)
+            comp = CompletionOutput(0, text, list(s.output), s.cumulative_logprob if lps is not None else None, lps,
+                                    s.finish_reason, s.stop_reason)
             return RequestOutput(s.seq_id, list(s.prompt), list(s.output), text, s.finished, s.finish_reason,
                                  s.arrival_time, s.first_token_time, list(s.token_times), s.finish_time,
-                                 s.num_cached_prompt, s.num_preemptions, s.error, getattr(s, "prompt_text", None),
+                                 s.num_cached_prompt, s.num_preemptions, s.error, s.prompt_text,
                                  [comp])
 
     def text(self, seq: Sequence) -> str | None:
