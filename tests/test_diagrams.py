@@ -154,6 +154,55 @@ def test_split_k_decode_uses_the_kernels_split_count():
     assert len(artists(diagrams.split_k_decode(batch=32, n_kv_heads=8), "kv-split")) != n
 
 
+def test_batch_dependent_cuts_uses_the_kernels_split_count():
+    from minillm.batch_invariant import gpu_split_count, split_bounds_by_count
+    from minillm.hardware import GPUS
+
+    sms = GPUS["H100 SXM"].sm_count
+    fig = diagrams.batch_dependent_cuts(context=1000, batches=(1, 16), n_kv_heads=8, gpu="H100 SXM", tile=64)
+    want = [len(split_bounds_by_count(1000, gpu_split_count(b, 8, 1000, sms), 64)) - 1 for b in (1, 16)]
+    assert want[0] != want[1]  # (the point of the figure: the batch moves the cuts)
+    assert len(artists(fig, "cut-piece")) == sum(want)
+    assert len(artists(fig, "cut-merge")) == 2
+    joined_text = joined(fig)
+    assert f"in a batch of 1: {want[0]} pieces" in joined_text and f"in a batch of 16: {want[1]} pieces" in joined_text
+    assert "((s0 + s1) + s2) + s3" in joined_text
+
+
+def test_ladder_work_counts_calls_and_rows():
+    """Against a direct count: 2 requests, 3-token prompts, 4 new tokens, k = 2."""
+    from minillm.diagrams.composition import ladder_work
+
+    naive, cached, engine, spec = ladder_work(n_req=2, n_new=4, prompt_len=3, k=2)
+    assert naive[2] == (8, 8) and naive[3] == 2 * (3 + 4 + 5 + 6)        # step t reruns 3 + t tokens
+    assert cached[2] == (8, 8) and cached[3] == 2 * (3 + 3)               # every token once but the last
+    assert engine[2] == (4, 4) and engine[3] == cached[3]                 # one call per step for both requests
+    assert spec[2] == (2, 4)                                              # prefill + one call keeping 3 tokens
+    assert spec[3] == 2 * (3 + 3 * 3)                                     # at most: 3 calls of k + 1 rows each
+    fig = diagrams.composition_ladder(n_req=2, n_new=4, prompt_len=3, k=2)
+    assert len(artists(fig, "rung")) == 4
+    assert "2 to 4 model calls in sequence" in joined(fig)
+
+
+def test_every_chapter_draws_its_diagrams_in_order():
+    """diagrams.CHAPTERS is what each chapter shows: every listed diagram is called in that chapter's notebook, in
+    a cell whose code the site hides (a picture, not code to read), in the listed order."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for number, items in diagrams.CHAPTERS.items():
+        (path,) = root.glob(f"chapters/{number:02d}_*.ipynb")
+        cells = json.loads(path.read_text())["cells"]
+        where = []
+        for _, name in items:
+            calls = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and f"{name}(" in "".join(c["source"])]
+            assert calls, f"{path.name} never draws {name}"
+            assert "remove-input" in cells[calls[0]]["metadata"].get("tags", []), f"{path.name}: {name}'s code shows"
+            where.append(calls[0])
+        assert where == sorted(where), f"{path.name} draws its diagrams out of the order diagrams.CHAPTERS lists"
+
+
 def test_ragged_batch_layout():
     from minillm.serving.batch import slot_mapping
 
@@ -214,6 +263,12 @@ def test_draft_verify_round_applies_the_rule():
     (lambda: diagrams.block_table(seq_lens=(10, 20), reserved=(5, 20)), "reserved"),
     (lambda: diagrams.block_table(waiting=10), "waiting"),
     (lambda: diagrams.split_k_decode(batch=0), "batch"),
+    (lambda: diagrams.batch_dependent_cuts(batches=(1, 0)), "batches"),
+    (lambda: diagrams.composition_ladder(k=0), "k"),
+    (lambda: diagrams.composition_ladder(n_new=2.5), "n_new"),
+    (lambda: diagrams.batch_dependent_cuts(batches=(1, 2, 4, 8)), "batches"),
+    (lambda: diagrams.batch_dependent_cuts(context=100_000), "32 pieces"),
+    (lambda: diagrams.batch_dependent_cuts(gpu="TPU v5"), "gpu"),
     (lambda: diagrams.ragged_batch(num_new=(3,), context_lens=(2,)), "context_lens"),
     (lambda: diagrams.chunked_prefill_trade(chunks=[0]), "chunks"),
     (lambda: diagrams.latency_throughput_frontier(batches=[4, 2]), "batches"),

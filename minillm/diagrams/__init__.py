@@ -17,14 +17,15 @@ import importlib
 CHAPTERS: dict[int, list[tuple[str, str]]] = {
     1: [("decoding", "autoregressive_loop")],
     2: [("decoding", "kv_cache_per_layer")],
-    3: [("memory", "gqa_head_grouping"), ("memory", "kv_bytes_vs_context")],
+    3: [("memory", "kv_bytes_vs_context"), ("memory", "gqa_head_grouping")],
     4: [("attention", "hbm_round_trips")],
     5: [("attention", "online_softmax_rescale")],
     6: [("flash", "flash_tile_dataflow"), ("flash", "flash_loops"), ("flash", "hopper_overlap")],
     7: [("paging", "block_table"), ("paging", "split_k_decode")],
     8: [("serving", "ragged_batch"), ("serving", "chunked_prefill_trade")],
     9: [("speculation", "draft_verify_round")],
-    10: [("serving", "latency_throughput_frontier")],
+    10: [("composition", "composition_ladder"), ("serving", "latency_throughput_frontier")],
+    11: [("invariance", "batch_dependent_cuts")],
 }
 __all__ = sorted({name for items in CHAPTERS.values() for _, name in items}) + ["CHAPTERS"]
 
