@@ -38,6 +38,14 @@ def test_paged_model_cache_out_of_blocks_is_clear_and_changes_nothing(small_mode
     assert cache.allocator.num_free == 2 and cache.length == 0
 
 
+@pytest.mark.parametrize("n", [-1, 1.5, True, "2"])
+def test_paged_model_cache_advance_rejects_anything_but_a_count(n):
+    cache = PagedModelCache.allocate(SMALL, num_blocks=2, block_size=4)
+    with pytest.raises(ValueError, match="advance"):
+        cache.advance(n)
+    assert cache.length == 0
+
+
 def test_paged_model_cache_rejects_mismatched_pools():
     from minillm.paged.allocator import BlockAllocator
 

@@ -238,6 +238,17 @@ def test_generate_validates_every_prompt_before_queueing_any(small_model):
     assert not eng.requests and not eng.has_unfinished()
 
 
+def test_generate_takes_params_from_any_iterable(small_model):
+    """``params`` is annotated Iterable[SamplingParams]: a generator works as a list does; a non-iterable is named."""
+    eng = make_engine(small_model)
+    prompts = [[1, 2], [3, 4, 5]]
+    want = eng.generate(prompts, [SamplingParams(max_tokens=n) for n in (2, 3)], progress=False)
+    got = eng.generate(prompts, (SamplingParams(max_tokens=n) for n in (2, 3)), progress=False)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want] and [len(o.token_ids) for o in got] == [2, 3]
+    with pytest.raises(TypeError, match="params must be SamplingParams"):
+        eng.generate(prompts, 5, progress=False)
+
+
 def test_engine_abort_frees_blocks(small_model):
     eng = make_engine(small_model)
     a = eng.add_request(list(range(1, 30)), SamplingParams(max_tokens=20))

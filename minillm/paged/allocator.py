@@ -71,13 +71,14 @@ class BlockAllocator:
         """The free list, front (next to be allocated) first."""
         return list(self._free)
 
-    def _known(self, block) -> int:
+    def check_block(self, block) -> int:
+        """``block`` as an int, or ValueError unless it is one of the pool's block ids."""
         if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or not 0 <= block < self.num_blocks:
             raise ValueError(f"unknown block {block!r}: the pool has blocks 0..{self.num_blocks - 1}")
         return int(block)
 
     def refcount(self, block: int) -> int:
-        return self._refs[self._known(block)]
+        return self._refs[self.check_block(block)]
 
     def allocate(self) -> int:
         """A free block with reference count 1."""
@@ -91,7 +92,7 @@ class BlockAllocator:
 
     def claim(self, block: int) -> None:
         """Take one particular free block (reference count 0 -> 1)."""
-        block = self._known(block)
+        block = self.check_block(block)
         if self._refs[block]:
             raise ValueError(f"block {block} is in use (refcount {self._refs[block]}), not free; use incref")
         del self._free[block]
@@ -100,7 +101,7 @@ class BlockAllocator:
     def incref(self, block: int) -> None:
         """Add an owner to a block that is in use (a fork, a reused prefix)."""
         # BEGIN SOLUTION
-        block = self._known(block)
+        block = self.check_block(block)
         if not self._refs[block]:
             raise ValueError(f"block {block} is free; a reference to it would dangle (use allocate or claim)")
         self._refs[block] += 1
@@ -109,7 +110,7 @@ class BlockAllocator:
     def decref(self, block: int) -> None:
         """Drop one reference; the last one returns the block to the back of the free list."""
         # BEGIN SOLUTION
-        block = self._known(block)
+        block = self.check_block(block)
         if not self._refs[block]:
             raise ValueError(f"block {block} is already free (double free)")
         self._refs[block] -= 1
@@ -123,7 +124,7 @@ class BlockAllocator:
         the paged cache and of the serving block manager, and the block manager's release (``keep`` = 0)."""
         if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)) or not 0 <= keep <= len(table):
             raise ValueError(f"keep must be an integer in [0, {len(table)}], got {keep!r}")
-        tail = [self._known(b) for b in table[keep:]]
+        tail = [self.check_block(b) for b in table[keep:]]
         if any(not self._refs[b] for b in tail):  # check all before changing any: no half-done rollback
             raise ValueError(f"blocks {[b for b in tail if not self._refs[b]]} are already free (double free)")
         for block in reversed(tail):
@@ -133,7 +134,7 @@ class BlockAllocator:
     def free(self, block: int) -> None:
         """Return an unshared block. Freeing a shared one would leave other owners dangling, so that is an error."""
         # BEGIN SOLUTION
-        block = self._known(block)
+        block = self.check_block(block)
         if not self._refs[block]:
             raise ValueError(f"block {block} is already free (double free)")
         if self._refs[block] > 1:

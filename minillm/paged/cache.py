@@ -92,7 +92,7 @@ class PagedKVCache:
         """
         if seq_id in self.block_tables:
             raise ValueError(f"sequence {seq_id!r} already exists")
-        prefix = [self.allocator._known(b) for b in prefix_blocks]
+        prefix = [self.allocator.check_block(b) for b in prefix_blocks]
         parent = None
         for i, b in enumerate(prefix):
             key = self.prefix_cache.key(b)

@@ -89,7 +89,10 @@ class PagedModelCache:
         return self.dense_fn(q, k, v, causal=True)
 
     def advance(self, n: int) -> None:
-        self.length += n
+        """Count ``n`` more positions as cached (after every layer has written them)."""
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"advance takes an integer n >= 0, got {n!r}")
+        self.length += int(n)
         self._memo.clear()
 
     def release(self) -> None:

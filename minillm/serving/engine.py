@@ -453,7 +453,14 @@ class LLMEngine:
     def _validated(self, prompts, params, one_sample: bool) -> list[SamplingParams]:
         """Each prompt's checked SamplingParams (``params``: one for all, or a list, one per prompt); raises,
         naming the prompt, if any prompt or params cannot run on this engine."""
-        params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if params is None or isinstance(params, (SamplingParams, dict, str)):
+            params = [params] * len(prompts)          # one for all (a wrong type is named by _check_params)
+        else:
+            try:
+                params = list(params)                 # any iterable, one per prompt (a generator too)
+            except TypeError:
+                raise TypeError(f"params must be SamplingParams or an iterable of them, one per prompt, got "
+                                f"{type(params).__name__}") from None
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         out = []

@@ -56,6 +56,7 @@ class DraftRunner(Runner, Protocol):
     model: Any                 # has .config (vocab_size, max_seq_len)
     block_size: int
     k_pool: Any                # (n_layers, num_blocks, block_size, Hkv, D): the mirrored pool's size
+    last_logits: Any           # the logits of its latest forward, set by whoever ran it (serving.processing)
     decode_chain: Callable | None
     """``decode_chain(step, input_ids, n_passes, sample)``: n decode passes that advance on the device with no
     host work between them (the torch runner), or None: the proposer runs one :meth:`logits` per pass."""
