@@ -283,3 +283,43 @@ def test_gpu_default_matmul_is_not_batch_invariant(rng):
             changed += [(dtype, k, n, m) for m in (2, 3, 16, 64, 256, 1024, 4096)
                         if not torch.equal((torch.cat([x, _rows(rng, m - 1, k, dtype)]) @ w)[0], alone)]
     assert changed, "cuBLAS gave every row the same bits at every M tried"
+
+
+_POSITION_DEPENDENT_MATMUL = """
+import numpy as np
+rng = np.random.default_rng(0)
+a, b = rng.normal(size=(16, 64)).astype(np.float32), rng.normal(size=(64, 48)).astype(np.float32)
+rows = []
+for pos in range(16):
+    m = a.copy()
+    m[pos] = a[0]
+    rows.append(np.matmul(m, b)[pos])
+print(any(not np.array_equal(rows[0], r) for r in rows))
+"""
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's path (on a GPU the kernels are compiled)")
+def test_matmul_bi_row_is_the_same_under_openblas_haswell_kernels():
+    """OpenBLAS's Haswell sgemm kernel (the one it picks on, e.g., an AVX-512 AMD EPYC) computes a row differently
+    by its place in a 16-row product, so a kernel whose interpreted tl.dot is NumPy's matmul is not row-invariant
+    there; the row tests failed on such CPUs. Here they run with that kernel forced, on any CPU that can run it,
+    after checking that the kernel really is position-dependent (else the test could not fail)."""
+    import os
+    import subprocess
+    import sys
+
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # NumPy 1.x
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    if not (features.get("AVX2") and features.get("FMA3")):
+        pytest.skip("this CPU cannot run OpenBLAS's Haswell kernels")
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}
+    premise = subprocess.run([sys.executable, "-c", _POSITION_DEPENDENT_MATMUL], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    if premise != "True":
+        pytest.skip("this NumPy's OpenBLAS computes rows alike whatever their place: nothing to guard against")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "matmul_bi_row_is_the_same_in_every_batch or decode_verify_and_prefill_rows_agree"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:]
