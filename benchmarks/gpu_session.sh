@@ -13,6 +13,7 @@
 #   run(command="bash benchmarks/gpu_session.sh composed-study")  # chapter 10: the bf16 study
 #   run(command="bash benchmarks/gpu_session.sh batch-invariant") # chapter 11: the mode's cost and payoff
 #   run(command="bash benchmarks/gpu_session.sh ab LABEL")        # issue 33's before/after timing of the defaults
+#   run(command="bash benchmarks/gpu_session.sh ab-host LABEL")   # issue 33: the N=1K step's host time, part by part
 # A suite writes its record into $OUT/results/<suite>_<gpu>.json, a copy of the suite's results files made first, so
 # the file comes back with the new record in place of the old and every other record as it was (the device tool
 # returns at most 8 files, so only that suite's files are copied): copy it into
@@ -87,6 +88,10 @@ batch-invariant)
 ab)  # label the tree: PYTHONPATH=<tree> bash benchmarks/gpu_session.sh ab old (kernel_defaults_ab.py --compare ...)
   timeout 580 python3 benchmarks/kernel_defaults_ab.py --label "${2:?a label}" --out "$OUT/ab_$2.json" >> "$LOG" 2>&1
   echo "ab rc=$?"; tail -5 "$LOG" ;;
+ab-host)  # the same, labelled by tree: the host's time in each part of a synchronized N=1K step, and per launch
+  timeout 300 python3 benchmarks/kernel_defaults_ab.py --host-parts --label "${2:?a label}" --out "$OUT/host_$2.json" \
+    >> "$LOG" 2>&1
+  echo "ab-host rc=$?"; tail -6 "$LOG" ;;
 *)
   echo "unknown case $CASE: see the head of $0"; exit 2 ;;
 esac

@@ -7,6 +7,9 @@ backward (autograd), and paged_attention(..., validate=False); every call as the
 timed eagerly (triton.testing.do_bench, median), as 100 calls back to back (the host's time per call where it is
 the slower side; median of 7) and replayed from a CUDA graph (do_bench_cudagraph, median: the GPU's time alone).
 ``--compare a.json b.json ...`` prints, per case, the median over the files of each label and the ratio.
+``--host-parts`` times instead where a synchronized N=1K training step spends its host time (before, in and after
+the autograd forward and backward) and one launch of a tiny kernel through Triton's JIT call and the tree's own
+launcher: what is left of the host-bound gap, part by part.
 """
 from __future__ import annotations
 
@@ -94,6 +97,86 @@ def run(label: str, out: str, bwd_impl: str | None = None, only: str | None = No
             json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
 
 
+def host_parts(label: str, out: str, steps: int = 300) -> None:
+    """Host microseconds of each part of a synchronized training step (B=4, H=32, N=1024, bf16), medians over
+    ``steps`` steps, and of one launch of a tiny kernel (best of 5 x 5000 launches)."""
+    import time
+
+    import torch
+    import triton
+    import triton.language as tl
+
+    from minillm.kernels import flash_attention as fa
+
+    marks, fn = {}, fa._FlashAttention  # (both trees define the autograd Function under this name)
+    fwd, bwd = fn.forward, fn.backward
+
+    def timed(f, a, b):
+        def call(ctx, *args):
+            marks[a] = time.perf_counter()
+            r = f(ctx, *args)
+            marks[b] = time.perf_counter()
+            return r
+        return staticmethod(call)
+    fn.forward, fn.backward = timed(fwd, "f0", "f1"), timed(bwd, "b0", "b1")
+    rows = []
+    for d in (64, 128):
+        for causal in (True, False):
+            q, k, v = (torch.randn(4, 32, 1024, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            do = torch.randn_like(q)
+            parts = defaultdict(list)
+            for i in range(steps + 50):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                o = fa.flash_attention(q, k, v, causal=causal)
+                t1 = time.perf_counter()
+                torch.autograd.grad(o, (q, k, v), do)
+                t2 = time.perf_counter()
+                if i >= 50:  # (after the compiles and the plans)
+                    for name, (a, b) in {"call_to_forward": (t0, marks["f0"]), "forward": ("f0", "f1"),
+                                         "forward_to_return": ("f1", t1), "return_to_backward": (t1, "b0"),
+                                         "backward": ("b0", "b1"), "backward_to_return": ("b1", t2),
+                                         "step": (t0, t2)}.items():
+                        a, b = (marks[x] if isinstance(x, str) else x for x in (a, b))
+                        parts[name].append((b - a) * 1e6)
+            rows.append({"D": d, "causal": causal, **{p: statistics.median(x) for p, x in parts.items()}})
+            print(label, " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
+                  flush=True)
+    fn.forward, fn.backward = fwd, bwd
+
+    @triton.jit
+    def touch(X, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(X + i, tl.load(X + i, mask=i < n) + 1, mask=i < n)
+
+    x = torch.zeros(1024, device="cuda")
+
+    def per_launch(f, n=5000):
+        f()
+        best = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            torch.cuda.synchronize()
+            best.append((time.perf_counter() - t0) / n * 1e6)
+        return min(best)
+    launch = {"jit_us": per_launch(lambda: touch[(1,)](x, 1024, BLOCK=1024))}
+    try:  # this tree's launcher
+        from minillm.kernels.common import CachedLaunch
+        launcher = CachedLaunch(touch).bind((1,), x, 1024, BLOCK=1024)[1]
+    except ImportError:  # the archived tree's (Triton's private C launcher behind it)
+        from minillm.kernels.launch import bind
+        launcher = bind(touch, (1,), 1, x, 1024, BLOCK=1024)
+    launch["tree_launcher_us"] = per_launch(lambda: launcher(x))
+    print(label, "launch:", " ".join(f"{k}={v:.2f}" for k, v in launch.items()), flush=True)
+    with open(out, "w") as f:
+        json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "steps": rows, "launch": launch}, f,
+                  indent=1)
+
+
 def compare(paths) -> None:
     by = defaultdict(lambda: defaultdict(list))  # case -> (label, mode) -> times
     for p in paths:
@@ -125,8 +208,11 @@ if __name__ == "__main__":
     ap.add_argument("--compare", nargs="+")
     ap.add_argument("--only", help="time only the cases whose name contains this (e.g. paged)")
     ap.add_argument("--bwd-impl", help="archive tree only: time this backward version in the fwd+bwd cases")
+    ap.add_argument("--host-parts", action="store_true", help="the N=1K step's host time, part by part")
     a = ap.parse_args()
     if a.compare:
         compare(a.compare)
+    elif a.host_parts:
+        host_parts(a.label, a.out)
     else:
         sys.exit(run(a.label, a.out, a.bwd_impl, a.only))
