@@ -23,6 +23,36 @@ def _failed_core(report):
 
 
 GAMED = {
+    "one softmax over every key instead of the pieces": (10, "batch_invariant.py", "attend_pieces", """
+n = bounds[-1]
+s = (q.astype(np.float64) @ k[:n].astype(np.float64).T) * scale
+p = np.exp(s - s.max(-1, keepdims=True))
+return ((p @ v[:n].astype(np.float64)) / p.sum(-1, keepdims=True)).astype(acc_t)
+"""),
+    "speculative verify by matching a fresh draw from p": (9, "speculative.py", "verify", """
+p_rows = np.asarray(p_rows, np.float64)
+d = np.asarray(draft_tokens, np.int64)
+single = d.ndim == 1
+d2 = d.reshape(1, -1) if single else d
+N, k = d2.shape
+if p_rows.ndim != 2 or p_rows.shape[0] != k + 1:
+    raise ValueError("p_rows needs k + 1 rows")
+V = p_rows.shape[1]
+if q_rows is not None:
+    q_rows = np.asarray(q_rows, np.float64)
+    if q_rows.shape != (k, V):
+        raise ValueError("q_rows needs k rows")
+if d2.size and (d2.min() < 0 or d2.max() >= V):
+    raise ValueError("draft outside the vocabulary")
+c = np.cumsum(p_rows, axis=1)
+u = rng.random((N, k + 1))
+x = np.stack([np.minimum(np.searchsorted(c[i], u[:, i] * c[i, -1], side="right"), V - 1) for i in range(k + 1)], 1)
+same = np.zeros(k, bool) if q_rows is None else np.all(p_rows[:k] == q_rows, axis=1)
+match = (d2 == x[:, :k]) | same[None, :]
+n_acc = np.where(match.all(1), k, np.argmin(match, axis=1)) if k else np.zeros(N, np.int64)
+nxt = x[np.arange(N), n_acc]
+return (int(n_acc[0]), int(nxt[0])) if single else (n_acc, nxt)
+"""),
     "two-pass online softmax": (5, "softmax.py", "online_max_and_normalizer", """
 x = _as_float(x)
 if int(tile) < 1:

@@ -2,7 +2,9 @@
 emitted tokens against the target rows, bins with expected count < 5 pooled; threshold p > 1e-3) for
 several (p, q), q with zeros where p has mass, one-hot drafts, the second token after an acceptance, the
 bonus token, k = 0, the vocabulary's last id; bad input raises; the residual each rejected trial is resampled from,
-recorded with a planted draft distribution. Core: the residual and the first token's distribution. (That this test statistic rejects a biased
+recorded with a planted draft distribution. The acceptance rule itself: the first draft kept in a fraction sum min(p, q) of trials (statistic: z of that fraction against
+its binomial standard error; threshold |z| < 5). Core: the residual, the first token's distribution and the
+acceptance rate. (That this test statistic rejects a biased
 sampler is checked in the book's own tests, tests/test_speculative.py; it grades nothing here.)"""
 import numpy as np
 import pytest
@@ -116,6 +118,26 @@ def test_last_vocabulary_id_can_be_accepted():
     p = np.zeros(V)
     p[-1] = 1.0
     assert verify(np.stack([p, p]), p[None], np.array([V - 1]), np.random.default_rng(0)) == (1, V - 1)
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_first_draft_is_kept_with_probability_sum_min_p_q():
+    """The rule, not only what it emits: with drafts drawn from q, the first draft is kept in a fraction
+    sum_v min(p_v, q_v) of 10^5 trials (statistic: z = (fraction - that) / its binomial standard error;
+    threshold |z| < 5). Drawing x ~ p and keeping d only when d == x emits the right distribution too, but keeps
+    sum_v p_v q_v: planted far from sum min(p, q)."""
+    rng = np.random.default_rng(11)
+    V, k, N = 8, 2, 100_000
+    p = rng.dirichlet(np.ones(V), size=k + 1)
+    q = rng.dirichlet(np.ones(V), size=k)
+    alpha = np.minimum(p[0], q[0]).sum()
+    assert abs((p[0] * q[0]).sum() - alpha) > 0.1          # the plant: the other way keeps far fewer
+    drafts = np.stack([rng.choice(V, size=N, p=q[i]) for i in range(k)], axis=1)
+    n_acc, _ = verify(p, q, drafts, rng)
+    kept = float(np.mean(np.asarray(n_acc) >= 1))
+    z = (kept - alpha) / np.sqrt(alpha * (1 - alpha) / N)
+    assert abs(z) < 5, f"the first draft was kept in {kept:.4f} of trials; the rule keeps {alpha:.4f} (z = {z:.1f})"
 
 
 @pytest.mark.parametrize("p_rows,q_rows,drafts", [

@@ -2,7 +2,8 @@
 block at a time, planted so that float64 gives other bits) and the same for a row alone and in batches of many
 sizes and positions, float16 too; attention rows bit-identical as a decode alone, in batches, as verify rows and
 inside a prefill chunk (split points that follow a split COUNT move with the context and change them), close to
-float64; the merge with empty pieces and huge logit gaps; bad input. Core: the stated order, RMSNorm's
+float64; the pieces merged in their stated order, bit for bit (planted so that one softmax over all the keys
+gives other bits), with empty pieces and huge logit gaps; bad input. Core: the stated orders, RMSNorm's
 invariance, attention's invariance."""
 import math
 
@@ -164,6 +165,40 @@ def test_attention_close_to_float64_for_any_split_size(rng, split):
         np.testing.assert_allclose(out[t], _dense64(q[t], kc, vc, table[0], 19, t), rtol=1e-5, atol=1e-6)
     for t in range(7):
         np.testing.assert_allclose(out[19 + t], _dense64(q[19 + t], kc, vc, table[1], 7, t), rtol=1e-5, atol=1e-6)
+
+
+def _merge_in_order(q, k, v, bounds, scale, acc_t):
+    """The docstring's order written out again: each piece's (m, l, o) from float64, rounded once to ``acc_t``,
+    merged left to right in ``acc_t`` through the running maximum; then o / l."""
+    m = np.full(q.shape[0], -np.inf, acc_t)
+    l, o = np.zeros(q.shape[0], acc_t), np.zeros((q.shape[0], v.shape[1]), acc_t)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if hi <= lo:
+            continue
+        s = (q.astype(np.float64) @ k[lo:hi].astype(np.float64).T) * scale
+        mp = s.max(-1)
+        e = np.exp(s - mp[:, None])
+        lp, op, mp = e.sum(-1).astype(acc_t), (e @ v[lo:hi].astype(np.float64)).astype(acc_t), mp.astype(acc_t)
+        mn = np.maximum(m, mp)
+        a, b = (np.exp(x.astype(np.float64) - mn).astype(acc_t) for x in (m, mp))
+        o, l, m = (o * a[:, None] + op * b[:, None]).astype(acc_t), (l * a + lp * b).astype(acc_t), mn
+    return o / l[:, None]
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_attend_pieces_bits_follow_the_stated_merge(rng):
+    """The pieces' merge in its stated order, bit for bit, planted so that one softmax over all the keys
+    (float64, rounded once) gives other bits: the cut points must change the result, or nothing is invariant to
+    prove."""
+    q, k, v = (rng.normal(size=shape).astype(np.float32) for shape in ((4, 8), (40, 8), (40, 8)))
+    bounds = [0, 7, 19, 19, 33, 40]
+    want = _merge_in_order(q, k, v, bounds, 0.35, np.float32)
+    s = (q.astype(np.float64) @ k.astype(np.float64).T) * 0.35
+    e = np.exp(s - s.max(-1, keepdims=True))
+    assert ((e @ v.astype(np.float64)) / e.sum(-1, keepdims=True)).astype(np.float32).tobytes() != want.tobytes()
+    got = attend_pieces(q, k, v, bounds, 0.35, np.float32)
+    assert got.dtype == np.float32 and got.tobytes() == want.tobytes(), "not the pieces merged in order"
 
 
 def test_merge_of_pieces_skips_empty_pieces_and_survives_huge_gaps(rng):
