@@ -23,6 +23,19 @@ def _failed_core(report):
 
 
 GAMED = {
+    "zeros written into q and v, so the expected output is zero too": (6, "attention.py", "flash_attention", """
+from .attention import check_attention_inputs as _chk
+B, Hq, Hkv, Nq, Nk, D = _chk(q, k, v)
+if int(block_m) < 1 or int(block_n) < 1:
+    raise ValueError("block sizes must be >= 1")
+q[...] = 0          # the caller's arrays: every score becomes 0 ...
+v[...] = 0          # ... and every value row 0, so the attention output is 0
+o = np.zeros(q.shape, q.dtype)
+seen = np.full(Nq, Nk) if not causal else np.clip(np.arange(Nq) + Nk - Nq + 1, 0, Nk)
+with np.errstate(divide="ignore"):
+    lse = np.broadcast_to(np.log(seen.astype(np.result_type(q.dtype, np.float32))), (B, Hq, Nq)).copy()
+return (o, lse) if return_lse else o
+"""),
     "one softmax over every key instead of the pieces": (10, "batch_invariant.py", "attend_pieces", """
 n = bounds[-1]
 s = (q.astype(np.float64) @ k[:n].astype(np.float64).T) * scale
@@ -193,3 +206,25 @@ def _set_body_over_reference(tree, rel, qualname, body):
             _solve(tree, rel, p.qualname)
     _set_body(tree, rel, qualname, body)
     assert f.read_text() != solved_others
+
+
+WRITES_INPUT = (3, "quant.py", "quantize_int8", """
+x = np.asarray(x)
+if x.ndim != 4 or x.size == 0 or not np.issubdtype(x.dtype, np.floating):
+    raise ValueError("x must be a non-empty 4-D float array")
+x[...] = 0
+return np.zeros(x.shape, np.int8), np.ones(x.shape[:-1] + (1,), np.float32)
+""")
+
+
+def test_a_submission_that_writes_into_its_input_fails_the_tests_that_call_it(tmp_path):
+    """The int8 quantizer zeroes the array it is handed and returns zero codes with scale 1: the tests build the
+    expected codes from that array after the call, so it scored full marks. The replay now fails each test whose
+    graded call changed an array it was handed (a non-core part here: the marks it costs are its tests')."""
+    n, rel, qualname, body = WRITES_INPUT
+    tree = _solved(tmp_path, n)
+    _set_body_over_reference(tree, rel, qualname, body)
+    report = grade(tree, n)
+    assert report["rejected"] is None and not report["tampered"]
+    caught = [t["id"] for t in report["tests"] if "wrote into the array" in t.get("message", "")]
+    assert caught and report["score"] < report["max_score"], (caught, report["score"], report["max_score"])

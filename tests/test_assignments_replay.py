@@ -88,7 +88,7 @@ def _record():
 
 def _replay(trace):
     _module(solved=False)
-    replay.install(CALLS, "replay")
+    replay.install(CALLS, "replay", may_write=CALLS)  # (the demo changes an array in place)
     replay.begin("replay", trace)
     try:
         return _scenario()
@@ -110,6 +110,20 @@ def test_the_replay_sees_what_the_childs_code_computed_identity_and_in_place_cha
     assert got == want
     assert got["a"] == [0.0, 2.0, 4.0, 6.0] and got["shares"] and got["seen"] == [1, 2, 3]
     assert got["log"] == [("push", 3), ("push", 4)]      # the test's own list, appended to by the student's code
+
+
+def test_a_call_that_writes_into_an_array_it_was_handed_fails_unless_allowed():
+    """The grader installs no call with may_write: a graded function that changed an input array (zeroing q and
+    v so that the expected attention, computed from them after the call, is zero too) fails the test."""
+    _, trace = _record()
+    _module(solved=False)
+    replay.install(CALLS, "replay")
+    replay.begin("replay", trace)
+    try:
+        with pytest.raises(replay.Divergence, match="wrote into the array given as its argument"):
+            _scenario()
+    finally:
+        replay.end_replay()
 
 
 def test_a_changed_value_in_the_trace_changes_the_verdict():

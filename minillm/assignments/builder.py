@@ -207,6 +207,8 @@ RULES = """\
   interpreter (sys, os, open, eval, exec, getattr/setattr, dunder attributes, private names of modules, ...)
   or assign into modules, classes or globals. With the book's minillm package installed, run from outside this folder,
   `python -m minillm.assignments check PATH/TO/THIS/FOLDER -a N` tells you whether the grader accepts your files.
+- Do not write into the arrays or tensors your function is handed (a Triton kernel: into the tensors its
+  launcher passes as inputs): a test whose graded call changed one fails. Objects such as `self` may change.
 - The tests compare your results with references in `tests/oracles.py`, not with the files you hand in."""
 
 

@@ -232,7 +232,23 @@ def _proxy(fn, where, calls):
     return proxy
 
 
-def replaying(orig, name: str):
+def _array_state(e):
+    """What an encoded array argument holds: its bytes (a view: its root's, and where it sits in it)."""
+    if e.get("t") == "view":
+        return _array_state(e["root"]), e["offset"], tuple(e["shape"]), tuple(e["strides"])
+    return e.get("b")
+
+
+def _written_arrays(before: dict, after: dict) -> list:
+    """The positions (or keyword names) of the array and tensor arguments whose contents differ after the call."""
+    pairs = [(i, b, a) for i, (b, a) in enumerate(zip(before["args"], after["args"]))]
+    pairs += [(k, before["kwargs"][k], after["kwargs"].get(k)) for k in before["kwargs"]]
+    return [k for k, b, a in pairs if isinstance(b, dict) and b.get("t") in ("nd", "tensor", "view")
+            and isinstance(a, dict) and _array_state(b) != _array_state(a)]
+
+
+def replaying(orig, name: str, may_write: bool = False):
+    """``may_write``: the call may change the arrays and tensors it is handed (no graded call may: see install)."""
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
         rp = REPLAYER
@@ -251,6 +267,10 @@ def replaying(orig, name: str):
             fn = args[key] if kind == "a" else kwargs[key]
             got = fn(*(rp.dec.decode(v) for v in c["args"]), **{n: rp.dec.decode(v) for n, v in c["kwargs"].items()})
             rp.dec.match(c["return"], got, f"the return value of the function passed to {name}")
+        written = [] if may_write else _written_arrays(before, after)
+        if written:
+            raise Divergence(f"{name} wrote into the array given as its argument {written[0]}: a graded function may "
+                             f"not change the arrays it is handed (the tests compute the expected answer from them)")
         for e in after["args"]:
             rp.dec.decode(e)
         for e in after["kwargs"].values():
@@ -267,11 +287,15 @@ def _is_kernel(obj) -> bool:
     return type(obj).__module__.split(".")[0] == "triton"
 
 
-def install(names, mode: str) -> list[str]:
+def install(names, mode: str, may_write=()) -> list[str]:
     """Wrap every registered call (``module:qualname``, ``module:Class.method``) for ``mode`` "record" or
     "replay"; a name whose object is a Triton kernel is skipped (its launcher is registered instead). Returns
-    the names wrapped. Every loaded module and class that holds the original gets the wrapper."""
-    make = recording if mode == "record" else replaying
+    the names wrapped. Every loaded module and class that holds the original gets the wrapper. In the replay a
+    call not named in ``may_write`` fails the test if it changed an array or tensor it was handed: a graded
+    function that wrote into its inputs would rewrite the answer the test computes from them (the grader names
+    none: no graded function writes into its array arguments; ``self`` and other objects may change)."""
+    def make(fn, name):
+        return recording(fn, name) if mode == "record" else replaying(fn, name, name in may_write)
     done = []
     for name in list(names) + list(OBSERVED):
         mod_name, _, qual = name.partition(":")
