@@ -155,7 +155,13 @@ def test_writing_outside_the_folder_is_rejected(tmp_path):
                        (f"np.save({str(target)!r}, q)\nreturn None", ".save"),
                        (f"q.tofile({str(target)!r})\nreturn None", ".tofile"),
                        ("import os\nos.system('touch /tmp/x')\nreturn None", "import os"),
-                       ("import pathlib\nreturn None", "import pathlib")):
+                       ("import pathlib\nreturn None", "import pathlib"),
+                       # the grader's own module, which on an editable install holds the reference package's path
+                       ("from minillm.assignments import builder as b\nreturn None", "minillm.assignments"),
+                       ("from minillm import assignments\nreturn None", "import of assignments"),
+                       (f"from minillm import book\nbook.shutil.copyfile('/etc/hostname', {str(target)!r})\n"
+                        "return None", ".shutil"),
+                       ("from minillm import book\nreturn book.Path.cwd()", ".Path")):
         _set_body(tree, "hardware.py", "simulate_tiled_attention", code)
         problems = check_submission(tree, 4)
         assert problems and what in problems[0], (code, problems)

@@ -40,7 +40,8 @@ FORBIDDEN_ATTRS = frozenset({
     "fromfile", "genfromtxt", "memmap", "open", "write_text", "write_bytes", "read_text", "read_bytes",
     "testing", "ctypes", "inspect", "gc", "importlib", "linecache", "lib", "DataSource", "setattr", "getattr",
     "fromregex", "from_file", "load_library", "hub", "cpp_extension", "utils", "f2py", "distutils", "ctypeslib",
-    "attrgetter", "methodcaller"})
+    "attrgetter", "methodcaller", "shutil", "pathlib", "Path", "tempfile", "copyfile", "copytree", "rmtree", "cwd",
+    "unlink", "mkdir", "PACKAGE_DIR", "TESTS_DIR"})
 # Inside a string (a format string can reach attributes): dunders and frame attributes.
 FORBIDDEN_IN_STRINGS = re.compile(r"__\w+__|\bf_(back|globals|locals|code|builtins)\b|\b(gi|cr|ag|tb)_frame\b|\btb_next\b")
 
@@ -225,7 +226,7 @@ def policy_violations(func: ast.FunctionDef, names=frozenset(), forbid=frozenset
             if node.level == 0 and not _allowed_module(node.module or ""):
                 bad.append(f"line {line}: from {node.module} import ...")
             for a in node.names:
-                if a.name == "*" or a.name in FORBIDDEN_NAMES:
+                if a.name == "*" or a.name in FORBIDDEN_NAMES or (node.module == "minillm" and a.name == "assignments"):
                     bad.append(f"line {line}: import of {a.name}")
         elif isinstance(node, ast.Name) and node.id in forbid or isinstance(node, ast.Attribute) and node.attr in forbid:
             bad.append(f"line {line}: {getattr(node, 'id', None) or node.attr} (this assignment asks you to write "
@@ -251,6 +252,10 @@ def policy_violations(func: ast.FunctionDef, names=frozenset(), forbid=frozenset
 
 
 def _allowed_module(name: str) -> bool:
+    """The allowed modules and the package's own, except the grader's (``minillm.assignments``: on an editable
+    install it holds the reference package's paths and file tools)."""
+    if name == "minillm.assignments" or name.startswith("minillm.assignments."):
+        return False
     return name in ALLOWED_IMPORTS or name == "minillm" or name.startswith("minillm.")
 
 
