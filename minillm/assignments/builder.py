@@ -202,8 +202,9 @@ RULES = """\
   puts them into its own copy of the package. A change anywhere else in a handed-in file (an import at the
   top, a helper function, an edited docstring) rejects the whole submission with a score of 0, so put
   imports and helpers inside the body (a nested function is fine).
-- Graded code may import only math, numpy, torch, triton (and triton.language), collections, itertools,
-  functools, heapq, bisect, dataclasses, time, random and minillm, and may not touch files, processes, the
+- Graded code may import only math, numpy, triton (and triton.language), collections, itertools,
+  functools, heapq, bisect, dataclasses, time, random and minillm (not its grader, minillm.assignments), may not
+  use torch (every graded body is NumPy or a Triton kernel), and may not touch files, processes, the
   interpreter (sys, os, open, eval, exec, getattr/setattr, dunder attributes, private names of modules, ...)
   or assign into modules, classes or globals. With the book's minillm package installed, run from outside this folder,
   `python -m minillm.assignments check PATH/TO/THIS/FOLDER -a N` tells you whether the grader accepts your files.

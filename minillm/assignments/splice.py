@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from .markers import BEGIN, END, Region, find_regions
 
 # Modules a body may import (exactly these, or any module of the package); relative imports stay inside it.
-ALLOWED_IMPORTS = frozenset({"math", "numpy", "torch", "triton", "triton.language", "collections", "itertools",
+# (No torch: every graded body is NumPy or a Triton kernel, and torch would compute a NumPy part's answer with memory
+# tracemalloc does not see.)
+ALLOWED_IMPORTS = frozenset({"math", "numpy", "triton", "triton.language", "collections", "itertools",
                              "functools", "heapq", "bisect", "dataclasses", "time", "random", "minillm"})
 # Names a body may not mention at all (as a variable, a call or an argument).
 FORBIDDEN_NAMES = frozenset({
@@ -31,7 +33,7 @@ FORBIDDEN_NAMES = frozenset({
     "breakpoint", "input", "exit", "quit", "help", "memoryview", "sys", "os", "subprocess", "shutil", "pathlib",
     "Path", "io", "signal", "ctypes", "inspect", "gc", "importlib", "builtins", "threading", "multiprocessing",
     "socket", "pickle", "tempfile", "traceback", "linecache", "KeyboardInterrupt", "SystemExit", "GeneratorExit",
-    "BaseException"})
+    "BaseException", "torch"})
 # Attribute names a body may not read or write (file I/O, frames, module tables, the test machinery).
 FORBIDDEN_ATTRS = frozenset({
     "sys", "os", "modules", "builtins", "subprocess", "environ", "system", "popen", "_getframe", "f_back",
@@ -41,7 +43,7 @@ FORBIDDEN_ATTRS = frozenset({
     "testing", "ctypes", "inspect", "gc", "importlib", "linecache", "lib", "DataSource", "setattr", "getattr",
     "fromregex", "from_file", "load_library", "hub", "cpp_extension", "utils", "f2py", "distutils", "ctypeslib",
     "attrgetter", "methodcaller", "shutil", "pathlib", "Path", "tempfile", "copyfile", "copytree", "rmtree", "cwd",
-    "unlink", "mkdir", "PACKAGE_DIR", "TESTS_DIR"})
+    "unlink", "mkdir", "PACKAGE_DIR", "TESTS_DIR", "torch"})
 # Inside a string (a format string can reach attributes): dunders and frame attributes.
 FORBIDDEN_IN_STRINGS = re.compile(r"__\w+__|\bf_(back|globals|locals|code|builtins)\b|\b(gi|cr|ag|tb)_frame\b|\btb_next\b")
 
