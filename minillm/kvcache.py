@@ -34,8 +34,9 @@ def _check_truncate(n, length: int) -> None:
         raise ValueError(f"truncate needs an integer in [0, {length}] (the cached length), got {n!r}")
 
 
-def _check_advance(n, room: int | None) -> None:
-    """``n`` new positions: an integer >= 0 and, where the cache has a capacity, at most the ``room`` left."""
+def check_advance(n, room: int | None) -> None:
+    """``advance``'s check, for every cache that speaks this protocol (``paged.model_cache`` too): ``n`` new
+    positions, an integer >= 0 and, where the cache has a capacity, at most the ``room`` left."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 or (room is not None and n > room):
         where = "[0, ...)" if room is None else f"[0, {room}] (the room left in the cache)"
         raise ValueError(f"advance needs an integer in {where}, got {n!r}")
@@ -76,7 +77,7 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         """Count ``n`` more positions as cached (after every layer has written them)."""
-        _check_advance(n, self.capacity - self.length)
+        check_advance(n, self.capacity - self.length)
         self.length += int(n)
 
     def reset(self) -> None:
@@ -118,7 +119,7 @@ class ConcatKVCache:
         return k, v
 
     def advance(self, n: int) -> None:
-        _check_advance(n, None)
+        check_advance(n, None)
         self.length += int(n)
 
     def truncate(self, n: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..attention import standard_attention
+from ..kvcache import check_advance
 from .attention import paged_attention as paged_reference
 from .allocator import BlockAllocator, OutOfBlocks
 
@@ -90,8 +91,7 @@ class PagedModelCache:
 
     def advance(self, n: int) -> None:
         """Count ``n`` more positions as cached (after every layer has written them)."""
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"advance takes an integer n >= 0, got {n!r}")
+        check_advance(n, None)                         # (its slots come from the allocator: no fixed capacity)
         self.length += int(n)
         self._memo.clear()
 
