@@ -99,7 +99,7 @@ def run(label: str, out: str, bwd_impl: str | None = None, only: str | None = No
 
 def host_parts(label: str, out: str, steps: int = 300) -> None:
     """Host microseconds of each part of a synchronized training step (B=4, H=32, N=1024, bf16), medians over
-    ``steps`` steps, and of one launch of a tiny kernel (best of 5 x 5000 launches)."""
+    ``steps`` steps, and of one launch of a tiny kernel (:func:`back_to_back`: median of 5 x 5000 launches)."""
     import time
 
     import torch
@@ -152,17 +152,9 @@ def host_parts(label: str, out: str, steps: int = 300) -> None:
 
     x = torch.zeros(1024, device="cuda")
 
-    def per_launch(f, n=5000):
-        f()
-        best = []
-        for _ in range(5):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                f()
-            torch.cuda.synchronize()
-            best.append((time.perf_counter() - t0) / n * 1e6)
-        return min(best)
+    def per_launch(f):  # us per launch, launched back to back (the host is the slower side)
+        f()  # (compiles)
+        return back_to_back(f, calls=5000, repeats=5) * 1e3
     launch = {"jit_us": per_launch(lambda: touch[(1,)](x, 1024, BLOCK=1024))}
     try:  # this tree's launcher
         from minillm.kernels.common import CachedLaunch
