@@ -133,7 +133,7 @@ def test_first_fit_allocator_free_rejects_double_free_and_out_of_bounds():
     a, b = mem.allocate(4), mem.allocate(3)
     mem.free(a, 4)
     for start, size in ((a, 4), (a + 2, 1), (2, 3), (b + 1, 4), (b + 3, 3)):    # every one touches a free slot
-        with pytest.raises(ValueError, match="overlaps the free hole"):
+        with pytest.raises(ValueError, match="double free"):
             mem.free(start, size)
     for start, size in ((8, 5), (-1, 2), (4, 0), (4, 1.5)):
         with pytest.raises(ValueError, match="cannot free|start|size"):
@@ -141,3 +141,27 @@ def test_first_fit_allocator_free_rejects_double_free_and_out_of_bounds():
     assert mem.holes == [[0, 4], [7, 3]] and mem.free_slots == 7
     mem.free(b, 3)                                          # the real free still merges everything
     assert mem.holes == [[0, 10]] and mem.free_slots == 10
+
+
+def test_first_fit_allocator_free_rejects_a_range_it_did_not_hand_out():
+    """Freeing the middle or the head of a range handed out, or a span across two, touches no free slot, so it used
+    to pass: the slots went back to the holes while a sequence still held them, and the next allocation handed
+    them out twice. Only a range handed out, or its tail (truncate), may be freed; extend follows the range."""
+    from minillm.serving import FirstFitAllocator
+
+    mem = FirstFitAllocator(20)
+    a, b = mem.allocate(6), mem.allocate(4)                 # [0, 6), [6, 10)
+    for start, size in ((a + 1, 2), (a, 3), (a + 4, 4), (b, 2)):
+        with pytest.raises(ValueError, match="not a range handed out"):
+            mem.free(start, size)
+    with pytest.raises(ValueError, match="not a range this allocator handed out"):
+        mem.try_extend(a, 5, 1)
+    assert mem.holes == [[10, 10]] and mem.free_slots == 10
+    mem.free(a + 4, 2)                                      # a tail: [0, 4) stays handed out
+    assert mem.ranges == {a: 4, b: 4} and mem.holes == [[4, 2], [10, 10]]
+    assert mem.try_extend(b, 4, 3) and mem.ranges[b] == 7   # [6, 13)
+    with pytest.raises(ValueError, match="not a range handed out"):
+        mem.free(b, 4)                                      # its size before the extension
+    mem.free(b, 7)
+    mem.free(a, 4)
+    assert mem.holes == [[0, 20]] and mem.free_slots == 20 and mem.ranges == {}

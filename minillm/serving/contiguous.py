@@ -39,6 +39,7 @@ class FirstFitAllocator:
     def __init__(self, capacity: int):
         self.capacity = check_count("capacity", capacity)
         self.holes: list[list[int]] = [[0, self.capacity]]   # [start, size], sorted by start
+        self.ranges: dict[int, int] = {}                       # start -> size of each range handed out
         self.free_slots = self.capacity
 
     def fits(self, size: int) -> bool:
@@ -53,6 +54,7 @@ class FirstFitAllocator:
             if hole[1] >= size:
                 start = hole[0]
                 self._take(hole, size)
+                self.ranges[start] = size
                 return start
         return None
 
@@ -79,27 +81,37 @@ class FirstFitAllocator:
         return hole is not None and hole[1] >= extra
 
     def try_extend(self, start: int, size: int, extra: int) -> bool:
-        """Grow the range [start, start+size) in place by ``extra`` slots if the hole right after it allows."""
+        """Grow the range [start, start+size) in place by ``extra`` slots if the hole right after it allows.
+        [start, start+size) must be a range handed out (ValueError otherwise)."""
         extra = check_count("extra", extra)
+        if self.ranges.get(start) != size:
+            raise ValueError(f"cannot extend [{start}, {start + size}): not a range this allocator handed out")
         hole = self._hole_after(start, size)
         if hole is None or hole[1] < extra:
             return False
         self._take(hole, extra)
+        self.ranges[start] = size + extra
         return True
 
     def free(self, start: int, size: int) -> None:
-        """Return the range [start, start+size) to the holes. It must lie inside the address space and overlap
-        no hole (freeing a range twice, or a range never handed out, would corrupt the holes): ValueError."""
+        """Return the range [start, start+size) to the holes: a range handed out, or the tail of one (what is left
+        of it stays handed out). Anything else -- a range freed twice, never handed out, the middle or the head
+        of one, or across two -- would corrupt the holes: ValueError."""
         start, size = check_count("start", start, 0), check_count("size", size)
         if start + size > self.capacity:
             raise ValueError(f"cannot free [{start}, {start + size}): the address space has {self.capacity} slots")
+        owner = next((a for a, n in self.ranges.items() if a <= start < a + n), None)
+        if owner is None or start + size != owner + self.ranges[owner]:
+            held = "" if owner is None else f" (the range handed out there is [{owner}, {owner + self.ranges[owner]}))"
+            raise ValueError(f"cannot free [{start}, {start + size}): not a range handed out, nor the tail of "
+                             f"one{held}: a double free, or a range never allocated")
+        if start == owner:
+            del self.ranges[owner]
+        else:
+            self.ranges[owner] = start - owner
         i = 0
         while i < len(self.holes) and self.holes[i][0] < start:
             i += 1
-        for h in self.holes[max(i - 1, 0):i + 1]:       # the holes on either side of where it goes
-            if h[0] < start + size and start < h[0] + h[1]:
-                raise ValueError(f"cannot free [{start}, {start + size}): it overlaps the free hole "
-                                 f"[{h[0]}, {h[0] + h[1]}) (a double free, or a range never allocated)")
         self.holes.insert(i, [start, size])
         if i + 1 < len(self.holes) and start + size == self.holes[i + 1][0]:   # merge with the next hole
             self.holes[i][1] += self.holes.pop(i + 1)[1]
