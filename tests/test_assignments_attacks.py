@@ -164,7 +164,9 @@ def test_writing_outside_the_folder_is_rejected(tmp_path):
                        ("from minillm import book\nreturn book.Path.cwd()", ".Path"),
                        # torch computes a NumPy part's answer in memory tracemalloc does not count
                        ("import torch\nreturn None", "import torch"),
-                       ("from minillm.kernels import flash_attention as f\nreturn f.torch.zeros(1)", ".torch")):
+                       ("from minillm.kernels import flash_attention as f\nreturn f.torch.zeros(1)", ".torch"),
+                       # Triton's interpreter, where a grader test counts a kernel's loads
+                       ("import triton\nreturn triton.runtime", ".runtime")):
         _set_body(tree, "hardware.py", "simulate_tiled_attention", code)
         problems = check_submission(tree, 4)
         assert problems and what in problems[0], (code, problems)

@@ -107,6 +107,43 @@ c.reads.update(q=nq * d * b, k=tiles * nk * d * b, v=tiles * nk * d * b)
 c.writes.update(o=nq * d * b)
 return o.astype(q.dtype), c
 """),
+    "dense attention beside tile loads it throws away": (4, "hardware.py", "simulate_tiled_attention", """
+nq, nk, d = _check_2d(q, k, v)
+block_m, block_n = _positive_int("block_m", block_m), _positive_int("block_n", block_n)
+from .attention import standard_attention
+c = TrafficCounter()
+o_hbm = np.empty((nq, d), q.dtype)
+for i0 in range(0, nq, block_m):
+    rows = slice(i0, min(i0 + block_m, nq))
+    c.load("q", q, rows)
+    for j0 in range(0, nk, block_n):
+        c.load("k", k, slice(j0, min(j0 + block_n, nk)))
+        c.load("v", v, slice(j0, min(j0 + block_n, nk)))
+    c.store("o", o_hbm, rows, standard_attention(q[None, None], k[None, None], v[None, None])[0, 0][rows])
+return o_hbm, c
+"""),
+    "a kernel with a max pass, a sum pass and a write pass": (5, "kernels/softmax.py", "_online_softmax_kernel", """
+row = tl.program_id(0)
+x_row = x_ptr + row * x_stride
+y_row = y_ptr + row * y_stride
+cols = tl.arange(0, BLOCK)
+m = tl.full([BLOCK], float("-inf"), tl.float32)
+for start in tl.range(0, n_cols, BLOCK):
+    x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(tl.float32)
+    m = tl.maximum(m, x)
+m_row = tl.max(m, axis=0)
+m_safe = tl.where(m_row == float("-inf"), 0.0, m_row)
+l = tl.zeros([BLOCK], tl.float32)
+for start in tl.range(0, n_cols, BLOCK):
+    x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(tl.float32)
+    l += tl.exp(x - m_safe)
+l_row = tl.sum(l, axis=0)
+inv_l = tl.where(l_row > 0, 1.0 / l_row, 0.0)
+for start in tl.range(0, n_cols, BLOCK):
+    mask = start + cols < n_cols
+    x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    tl.store(y_row + start + cols, (tl.exp(x - m_safe) * inv_l).to(y_ptr.dtype.element_ty), mask=mask)
+"""),
     "preempted sequences at the back of the queue": (8, "serving/scheduler.py", "Scheduler._preempt", """
 self.bm.free(seq)
 seq.num_computed = 0

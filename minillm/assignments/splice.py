@@ -34,7 +34,8 @@ FORBIDDEN_NAMES = frozenset({
     "Path", "io", "signal", "ctypes", "inspect", "gc", "importlib", "builtins", "threading", "multiprocessing",
     "socket", "pickle", "tempfile", "traceback", "linecache", "KeyboardInterrupt", "SystemExit", "GeneratorExit",
     "BaseException", "torch"})
-# Attribute names a body may not read or write (file I/O, frames, module tables, the test machinery).
+# Attribute names a body may not read or write (file I/O, frames, module tables, the test machinery, Triton's
+# interpreter, through which a grader test counts a kernel's loads).
 FORBIDDEN_ATTRS = frozenset({
     "sys", "os", "modules", "builtins", "subprocess", "environ", "system", "popen", "_getframe", "f_back",
     "f_globals", "f_locals", "f_code", "f_builtins", "gi_frame", "cr_frame", "ag_frame", "tb_frame", "tb_next",
@@ -43,7 +44,8 @@ FORBIDDEN_ATTRS = frozenset({
     "testing", "ctypes", "inspect", "gc", "importlib", "linecache", "lib", "DataSource", "setattr", "getattr",
     "fromregex", "from_file", "load_library", "hub", "cpp_extension", "utils", "f2py", "distutils", "ctypeslib",
     "attrgetter", "methodcaller", "shutil", "pathlib", "Path", "tempfile", "copyfile", "copytree", "rmtree", "cwd",
-    "unlink", "mkdir", "PACKAGE_DIR", "TESTS_DIR", "torch"})
+    "unlink", "mkdir", "PACKAGE_DIR", "TESTS_DIR", "torch", "runtime", "interpreter", "InterpreterBuilder",
+    "interpreter_builder", "create_masked_load", "create_load"})
 # Inside a string (a format string can reach attributes): dunders and frame attributes.
 FORBIDDEN_IN_STRINGS = re.compile(r"__\w+__|\bf_(back|globals|locals|code|builtins)\b|\b(gi|cr|ag|tb)_frame\b|\btb_next\b")
 

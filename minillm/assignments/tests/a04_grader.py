@@ -1,6 +1,7 @@
 """Assignment 4, grader-only tests: the tiles go through the counter in FlashAttention-2's order (a recording
-counter, Nq != Nk), ragged tiles, tiny and huge blocks, huge logits, dtypes, bad input. Core: the loop order and
-the formula on ragged tiles."""
+counter, Nq != Nk), the output computed from the tiles the counter hands over, ragged tiles, tiny and huge blocks,
+huge logits, dtypes, bad input. Core: the loop order, the output from the loaded tiles, and the formula on ragged
+tiles."""
 import math
 
 import numpy as np
@@ -70,6 +71,42 @@ def test_tiles_move_through_the_counter_in_flash_order(rng, monkeypatch, nq, nk,
     assert got == want and pos == len(events)
     assert counter.components == {"read_q": nq * d * 8, "read_k": len(range(0, nq, bm)) * nk * d * 8,
                                   "read_v": len(range(0, nq, bm)) * nk * d * 8, "write_o": nq * d * 8}
+
+
+class SubstitutingCounter(TrafficCounter):
+    """A TrafficCounter whose tiles hold other numbers than the arrays it is handed: ``load`` counts the bytes of
+    ``hbm[rows]`` as usual but returns the rows of a substitute array (``SUBSTITUTES``: id of the array -> its
+    substitute). On-chip work sees only what crossed the counter, so the output must be attention of the
+    substitutes; one computed from the arrays directly, beside tile loads it throws away, is not."""
+    SUBSTITUTES: dict = {}
+
+    def load(self, name, hbm, rows=slice(None)):
+        tile = super().load(name, hbm, rows)
+        sub = self.SUBSTITUTES.get(id(hbm))
+        return tile if sub is None else np.array(sub[rows])
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_output_is_computed_from_the_tiles_the_counter_hands_over(rng, monkeypatch):
+    """The counter hands over tiles of other arrays (q, k and v each with a secret change) than the ones passed
+    in: the output must be attention of what it handed over (an on-chip computation of the tiles), and the bytes
+    are still counted at the arrays' dtype."""
+    import minillm.hardware as hw
+
+    nq, nk, d = 9, 11, 4
+    q, k, v = rng.normal(size=(nq, d)), rng.normal(size=(nk, d)), rng.normal(size=(nk, d))
+    q2, k2, v2 = q[::-1].copy(), rng.normal(size=(nk, d)), v * 2.0 - 1.0
+    monkeypatch.setattr(SubstitutingCounter, "SUBSTITUTES", {id(q): q2, id(k): k2, id(v): v2})
+    monkeypatch.setattr(hw, "TrafficCounter", SubstitutingCounter)
+    o, counter = simulate_tiled_attention(q, k, v, 4, 3)
+    assert isinstance(counter, SubstitutingCounter), "the counter must be a TrafficCounter made in the function"
+    assert not np.allclose(_ref(q, k, v), _ref(q2, k2, v2))
+    np.testing.assert_allclose(o, _ref(q2, k2, v2), rtol=1e-9, atol=1e-12,
+                               err_msg="the output must come from the tiles loaded through the counter")
+    tiles = math.ceil(nq / 4)
+    assert counter.components == {"read_q": nq * d * 8, "read_k": tiles * nk * d * 8,
+                                  "read_v": tiles * nk * d * 8, "write_o": nq * d * 8}
 
 
 @pytest.mark.core

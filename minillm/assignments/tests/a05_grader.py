@@ -1,6 +1,7 @@
 """Assignment 5, grader-only tests: -inf entries, empty rows, huge logits, tile edge cases, the merge's algebra,
 and the kernel on wide, masked and low-precision rows. Core: one pass in a fraction of the row's memory, any tile,
-the merge's algebra, a kernel row wider than its block (the rescale)."""
+the merge's algebra, a kernel row wider than its block (the rescale), read twice and no more (the online
+statistics in one pass)."""
 import numpy as np
 import pytest
 
@@ -99,6 +100,22 @@ def _triton_softmax(x, **kw):
 def test_triton_softmax_rows_wider_than_a_block(rng):
     x = rng.normal(size=(3, 100)).astype(np.float32) * 10
     np.testing.assert_allclose(_triton_softmax(x, block=16), safe_softmax(x), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_triton_softmax_reads_each_element_twice(rng):
+    """The online kernel reads a row twice (the statistics, then the write) whatever its width; a kernel that
+    finds the max in one pass and the sum in another reads it three times. Counted in Triton's interpreter: the
+    lanes of every load that its mask lets through, against 2 x the elements (a row wider than its block)."""
+    import probes
+
+    x = rng.normal(size=(3, 100)).astype(np.float32) * 10
+    with probes.count_loads():
+        y = _triton_softmax(x, block=16)
+        loaded = probes.loaded_elements()
+    np.testing.assert_allclose(y, safe_softmax(x), rtol=1e-5, atol=1e-7)
+    assert 0 < loaded <= 2 * x.size, f"{loaded} elements loaded for {x.size}: more than two reads a row"
 
 
 def test_triton_softmax_minus_inf_and_empty_rows():

@@ -29,6 +29,7 @@ import sys
 import tracemalloc
 
 
+import probes  # noqa: F401,E402  (a sibling module: the measurements in OBSERVED besides tracemalloc's)
 from replay_codec import (  # noqa: E402  (a sibling module in the tests folder)
     MAX_BYTES,
     Decoder,
