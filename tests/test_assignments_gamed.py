@@ -144,6 +144,36 @@ for start in tl.range(0, n_cols, BLOCK):
     x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32)
     tl.store(y_row + start + cols, (tl.exp(x - m_safe) * inv_l).to(y_ptr.dtype.element_ty), mask=mask)
 """),
+    "a cached decoder with counters filled from the closed forms": (1, "decode.py", "naive_decode", """
+from .kvcache import ConcatKVCache
+tokens = check_decode_args(model, prompt_ids, n_new)
+result = DecodeResult(tokens=tokens, prompt_len=len(tokens))
+cfg, cache, fed = model.config, ConcatKVCache(model.config.n_layers), 0
+for _ in range(n_new):
+    t, ops, t0 = len(tokens), StepOps(), time.perf_counter()
+    logits = model.forward(np.asarray(tokens[fed:]), cache=cache, ops=ops)
+    per_row, fed = ops.proj_flops // (t - fed), t
+    ops = StepOps(t, cfg.n_layers * cfg.n_heads * t * t, per_row * t)
+    nxt = int(sampler(logits[-1]))
+    result.record(nxt, logits[-1], ops, time.perf_counter() - t0)
+return result
+"""),
+    "a prefill one token at a time": (2, "decode.py", "prefill", """
+for t in np.asarray(prompt_ids).reshape(-1):
+    logits = model.forward(np.asarray([[int(t)]]), cache=cache, ops=ops)
+return logits[0, -1]
+"""),
+    "an fp8 quantizer that keeps x in its scale": (3, "quant.py", "quantize_fp8", """
+x = np.asarray(x)
+if not np.issubdtype(x.dtype, np.floating):
+    raise ValueError("x must be a float array")
+if scale is not None:
+    s = np.asarray(scale, np.float32)
+    if np.any(~(s > 0)) or not np.all(np.isfinite(s)):
+        raise ValueError("fp8 scale must be finite and > 0")
+    return fp8_e4m3_encode(x.astype(np.float64) / s), s
+return fp8_e4m3_encode(np.ones(x.shape)), x.astype(np.float32)
+"""),
     "preempted sequences at the back of the queue": (8, "serving/scheduler.py", "Scheduler._preempt", """
 self.bm.free(seq)
 seq.num_computed = 0

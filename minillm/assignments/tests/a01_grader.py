@@ -1,4 +1,6 @@
-"""Assignment 1, grader-only tests: closed forms for every counter, the sampler, bad input."""
+"""Assignment 1, grader-only tests: closed forms for every counter, the whole sequence re-run at every step
+(the model's calls recorded), the sampler, bad input. Core: the counters through forward, and the decoder that
+re-runs the whole sequence with no cache, recording what forward counted."""
 import numpy as np
 import pytest
 
@@ -12,17 +14,37 @@ def _flops_per_row(cfg):
     return 2 * (cfg.n_layers * per_layer + d * cfg.vocab_size)
 
 
+@pytest.mark.core
 def test_count_matmul_through_forward_batched(small_model):
     ops = StepOps()
     small_model.forward(np.zeros((2, 5), np.int64), ops=ops)
     assert ops.proj_flops == 10 * _flops_per_row(small_model.config)
 
 
+@pytest.mark.core
 def test_count_attention_through_forward(small_model):
     ops = StepOps()
     small_model.forward(np.zeros((3, 4), np.int64), ops=ops)
     cfg = small_model.config
     assert ops.score_elements == cfg.n_layers * 3 * cfg.n_heads * 4 * 4
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_naive_decode_reruns_the_whole_sequence_every_step(small_model):
+    """One model.forward per new token over every token so far, with no cache, and each step's StepOps the ones
+    that forward counted: a decoder that feeds only the new token through a cache and fills its counters from the
+    closed forms gives the right tokens and numbers, but calls the model otherwise."""
+    import probes
+
+    with probes.record_forward():
+        run = naive_decode(small_model, [5, 6, 7], 4)
+        calls = probes.forward_calls()
+    assert [(c["shape"][-1], c["cache"]) for c in calls] == [(3 + i, False) for i in range(4)], \
+        "each step must run model.forward once on every token so far, with no cache"
+    assert all(len(c["shape"]) == 1 or c["shape"][0] == 1 for c in calls)
+    assert [c["ops"] for c in calls] == [[s.attn_rows, s.score_elements, s.proj_flops] for s in run.steps], \
+        "each step's StepOps must be the one model.forward counted into"
 
 
 @pytest.mark.points(2)

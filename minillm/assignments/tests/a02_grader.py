@@ -1,4 +1,6 @@
-"""Assignment 2, grader-only tests: capacity, truncation, long runs, bad input."""
+"""Assignment 2, grader-only tests: capacity, truncation, long runs, one pass per phase (the model's calls
+recorded), bad input. Core: a long cached run equal to a full forward at every step, the prompt in one pass and each
+new token alone through the cache."""
 import numpy as np
 import pytest
 
@@ -54,6 +56,26 @@ def test_kvcache_truncate_bad_n_raises(small_model, n):
     assert cache.length == 3
 
 
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_prefill_is_one_pass_and_decode_step_one_token(small_model):
+    """prefill runs model.forward once over the whole prompt (a batch of one) with the cache; decode_step once on
+    the single new token with the cache: re-running the sequence, or the prompt token by token, gives the same
+    logits but not the two phases."""
+    import probes
+
+    cache = small_model.new_cache(capacity=12)
+    with probes.record_forward():
+        prefill(small_model, [4, 5, 6, 7, 8], cache)
+        for t in (9, 10, 11):
+            decode_step(small_model, t, cache)
+        calls = probes.forward_calls()
+    assert [(c["shape"], c["cache"]) for c in calls] == [([1, 5], True)] + [([1, 1], True)] * 3, \
+        "prefill: one forward over the prompt with the cache; decode_step: one forward of the new token with it"
+    assert cache.length == 8
+
+
+@pytest.mark.core
 @pytest.mark.points(2)
 def test_long_cached_run_matches_full_forward_every_step(small_model):
     tokens = [3]

@@ -1,10 +1,13 @@
-"""Assignment 3, grader-only tests: dtype names, 4-bit rounding, per-token scales, zeros, huge values, bad input."""
+"""Assignment 3, grader-only tests: dtype names, 4-bit rounding, the fp8 codes of x over one scale, per-token
+scales, zeros, huge values, bad input. Core: both byte formulas with dtype names and half bytes, int8's row scale
+(the row max on 127), and fp8's codes: e4m3 of x / (amax / 448)."""
 import numpy as np
 import pytest
 
 from minillm.quant import (
     FP8_E4M3_MAX,
     dequantize_fp8,
+    fp8_e4m3_encode,
     dequantize_int8,
     quantize_fp8,
     quantize_int8,
@@ -12,6 +15,7 @@ from minillm.quant import (
 from minillm.sizing import gqa_kv_bytes, mla_kv_bytes
 
 
+@pytest.mark.core
 def test_gqa_kv_bytes_dtype_names_and_half_bytes():
     assert gqa_kv_bytes(7, 3, 2, 64, "fp8") == 2 * 7 * 3 * 2 * 64
     assert gqa_kv_bytes(7, 3, 2, 64, "fp32") == 4 * 2 * 7 * 3 * 2 * 64
@@ -20,6 +24,7 @@ def test_gqa_kv_bytes_dtype_names_and_half_bytes():
     assert gqa_kv_bytes(32e3, 32, 8, 128, 2) == gqa_kv_bytes(32000, 32, 8, 128, 2)
 
 
+@pytest.mark.core
 def test_mla_kv_bytes_independent_of_heads_and_half_bytes():
     assert mla_kv_bytes(3, 2, 5, 0 + 2, "int4") == int(np.ceil(3 * 2 * 7 * 0.5))
     assert mla_kv_bytes(4096, 61, 512, 64, "bf16", batch=2) == 2 * 4096 * 61 * 576 * 2
@@ -41,6 +46,7 @@ def test_mla_kv_bytes_bad_input_raises(kwargs):
         mla_kv_bytes(**args)
 
 
+@pytest.mark.core
 def test_int8_row_max_maps_to_127_and_zero_rows_survive(rng):
     x = rng.normal(size=(1, 2, 4, 8)).astype(np.float32)
     x[0, 1, 2] = 0.0
@@ -70,6 +76,18 @@ def test_quantize_int8_bad_input_raises(bad):
 def test_dequantize_int8_wrong_dtype_raises():
     with pytest.raises(ValueError):
         dequantize_int8(np.zeros((1, 1, 2, 4), np.int16), np.ones((1, 1, 2, 1), np.float32))
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_fp8_codes_are_e4m3_of_x_over_one_scale(rng):
+    """Per tensor, the scale is one number, amax / 448, and the codes are the e4m3 encoding of x / scale: a
+    "quantizer" that keeps x in the scale and returns constant codes round-trips exactly but quantizes nothing."""
+    x = rng.normal(size=(1, 2, 6, 8)).astype(np.float32) * 3
+    codes, scale = quantize_fp8(x)
+    assert np.ndim(scale) == 0, f"a per-tensor scale is one number, got shape {np.shape(scale)}"
+    np.testing.assert_allclose(float(scale), np.abs(x).max() / FP8_E4M3_MAX, rtol=1e-6)
+    np.testing.assert_array_equal(codes, fp8_e4m3_encode(x.astype(np.float64) / np.float32(scale)))
 
 
 def test_fp8_per_token_scales(rng):

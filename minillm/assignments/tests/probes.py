@@ -5,12 +5,17 @@ ran.
 * :func:`count_loads` counts, while it is open, the elements that Triton's interpreter loads (the lanes of each
   ``tl.load`` that its mask lets through); :func:`loaded_elements` reads the count. A kernel that reads its input
   more often than its algorithm needs (a max pass, a sum pass, then the write) loads more.
+* :func:`record_forward` lists, while it is open, every call of ``Model.forward``: the ids' shape, whether a cache
+  was passed, and the counters its ``ops`` held after it; :func:`forward_calls` reads the list. A decoder that
+  uses a cache where it should re-run the sequence, or re-runs it where it should use the cache, and fills its
+  counters from a formula, calls the model otherwise.
 """
 from __future__ import annotations
 
 import contextlib
 
 _count = {"elements": 0}
+_forward_calls: list = []
 
 
 @contextlib.contextmanager
@@ -39,3 +44,36 @@ def count_loads():
 def loaded_elements() -> int:
     """The elements loaded inside the last :func:`count_loads` block (so far, inside an open one)."""
     return _count["elements"]
+
+
+@contextlib.contextmanager
+def record_forward():
+    """List every ``minillm.model.Model.forward`` call from here to the end of the block (the list starts empty)."""
+    import inspect
+
+    import numpy as np
+    from minillm.model import Model
+
+    original = Model.__dict__["forward"]
+    signature = inspect.signature(original)
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        bound = signature.bind(self, *args, **kwargs).arguments
+        ops = bound.get("ops")
+        counted = None if ops is None else [int(ops.attn_rows), int(ops.score_elements), int(ops.proj_flops)]
+        _forward_calls.append({"shape": [int(n) for n in np.shape(bound["ids"])],
+                               "cache": bound.get("cache") is not None, "ops": counted})
+        return out
+    _forward_calls.clear()
+    Model.forward = recording
+    try:
+        yield
+    finally:
+        Model.forward = original
+
+
+def forward_calls() -> list:
+    """The calls :func:`record_forward` listed: dicts of ``shape``, ``cache`` (bool) and ``ops`` ([attn_rows,
+    score_elements, proj_flops] after the call, or None)."""
+    return [dict(c) for c in _forward_calls]
