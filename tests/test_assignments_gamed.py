@@ -174,6 +174,9 @@ if scale is not None:
     return fp8_e4m3_encode(x.astype(np.float64) / s), s
 return fp8_e4m3_encode(np.ones(x.shape)), x.astype(np.float32)
 """),
+    "prefill chunks that ignore max_prefill_chunk": (8, "serving/scheduler.py", "Scheduler._chunk", """
+return min(seq.num_pending, budget)
+"""),
     "preempted sequences at the back of the queue": (8, "serving/scheduler.py", "Scheduler._preempt", """
 self.bm.free(seq)
 seq.num_computed = 0
@@ -222,6 +225,8 @@ MISTAKES = {
         ("np.where(_tile_mask(i0, i1, j0, j1, Nq, Nk), s, -np.inf)",
          "np.where(np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None], s, -np.inf)"),
         ("j_end = min(Nk, i1 + Nk - Nq) if causal else Nk", "j_end = min(Nk, i1) if causal else Nk")]),
+    "static batching whatever the config says": (8, "serving/scheduler.py", "Scheduler.schedule", [
+        ("static = self.config.static_batching", "static = True")]),
     "kernel without the accumulator rescale": (6, "kernels/flash_attention.py", "_fwd_inner", [
         ("acc = acc * alpha[:, None]", "acc = acc")]),
 }

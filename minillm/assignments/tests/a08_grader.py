@@ -1,8 +1,8 @@
 """Assignment 8, grader-only tests: random traces with arrivals over time against the simple decoder, the
 step's invariants checked at every step (budget, sequence cap, FCFS admission, no leaks), prefix caching,
 static batching, prefill without chunking, speculative reservations, preemption of the asking sequence, and the
-queue order after a preemption (preempted sequences ahead of new requests). Core: the random traces and the
-queue order."""
+queue order after a preemption (preempted sequences ahead of new requests), continuous admission. Core: the random
+traces (with their prefill chunks), the queue order and a request admitted as soon as a slot frees."""
 import numpy as np
 import pytest
 
@@ -26,8 +26,9 @@ def trace(seed, n=7, vocab=256):
     return prompts, [int(rng.integers(1, 9)) for _ in range(n)], np.sort(rng.integers(0, 8, n))
 
 
-def run_checked(eng, prompts, outs, arrivals, budget, cap):
-    """Step with arrivals; check the step's invariants every step; return outputs in prompt order."""
+def run_checked(eng, prompts, outs, arrivals, budget, cap, chunk=None):
+    """Step with arrivals; check the step's invariants every step (the token budget, the sequence cap, first come
+    first served, a prefill chunk of at most ``chunk`` tokens, no leaked block); return outputs in prompt order."""
     ids, step, nxt, sched = {}, 0, 0, eng.scheduler
     order = np.argsort(arrivals, kind="stable")
     while nxt < len(order) or eng.has_unfinished():
@@ -39,6 +40,9 @@ def run_checked(eng, prompts, outs, arrivals, budget, cap):
         batch = sched.schedule()
         if batch is not None:
             assert batch.num_tokens <= budget and len(batch.seqs) <= cap
+            if chunk is not None:   # (num_computed moves in postprocess: is_decoding is still this step's)
+                prefills = [int(n) for s, n in zip(batch.seqs, batch.num_new) if not s.is_decoding]
+                assert all(n <= chunk for n in prefills), f"prefill chunks {prefills} past max_prefill_chunk={chunk}"
             admitted = [s.seq_id for s in batch.seqs if s.seq_id in waiting_before]
             assert admitted == waiting_before[:len(admitted)]           # first come, first served
             sched.postprocess(batch, eng.runner.execute(batch), None)
@@ -56,7 +60,7 @@ def test_random_traces_match_the_simple_decoder_with_invariants(small_model, see
     prompts, outs, arrivals = trace(seed)
     eng = engine(small_model, num_blocks=blocks, max_num_batched_tokens=budget, max_prefill_chunk=chunk,
                  max_num_seqs=cap)
-    for p, o, g in zip(prompts, outs, run_checked(eng, prompts, outs, arrivals, budget, cap)):
+    for p, o, g in zip(prompts, outs, run_checked(eng, prompts, outs, arrivals, budget, cap, chunk)):
         assert g.token_ids == cached_decode(small_model, p, o).new_tokens
 
 
@@ -114,6 +118,28 @@ def test_prefix_caching_hits_and_keeps_tokens(small_model):
     assert eng.block_manager.prefix_hit_tokens > 0
     for p, o, g in zip(prompts, outs, got):
         assert g.token_ids == cached_decode(small_model, p, o).new_tokens
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_continuous_batching_admits_a_request_as_soon_as_a_slot_frees(small_model):
+    """Continuous batching (the default): when a sequence finishes, the next waiting request joins the running
+    ones at the next step, while they are still unfinished; a scheduler that holds new requests until the whole
+    batch is done (static batching) gives the same tokens in more steps."""
+    prompts = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    outs = [2, 12, 2]
+    eng = engine(small_model, num_blocks=64, max_num_batched_tokens=64, max_num_seqs=2)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=o, ignore_eos=True)) for p, o in zip(prompts, outs)]
+    joined_early = False
+    while eng.has_unfinished():
+        batch = eng.scheduler.schedule()
+        if ids[2] in {s.seq_id for s in batch.seqs} and not eng.requests[ids[1]].finished:
+            joined_early = True
+        eng.scheduler.postprocess(batch, eng.runner.execute(batch), None)
+    assert joined_early, "the third request waited for the whole batch to finish: continuous batching admits it " \
+                         "as soon as the first one frees its slot"
+    for i, p, o in zip(ids, prompts, outs):
+        assert eng.output(i).token_ids == cached_decode(small_model, p, o).new_tokens
 
 
 def test_static_batching_admits_only_when_the_batch_is_done(small_model):
