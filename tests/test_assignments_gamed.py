@@ -227,6 +227,10 @@ MISTAKES = {
         ("j_end = min(Nk, i1 + Nk - Nq) if causal else Nk", "j_end = min(Nk, i1) if causal else Nk")]),
     "static batching whatever the config says": (8, "serving/scheduler.py", "Scheduler.schedule", [
         ("static = self.config.static_batching", "static = True")]),
+    "a decode kernel whose first split does every split's work": (7, "kernels/paged_attention.py",
+                                                                  "_paged_decode_kernel", [
+        ("start = split * split_len", "start = 0"),
+        ("end = tl.minimum(start + split_len, seq_len)", "end = tl.where(split == 0, seq_len, 0)")]),
     "kernel without the accumulator rescale": (6, "kernels/flash_attention.py", "_fwd_inner", [
         ("acc = acc * alpha[:, None]", "acc = acc")]),
 }
@@ -300,3 +304,17 @@ def test_a_submission_that_writes_into_its_input_fails_the_tests_that_call_it(tm
     assert report["rejected"] is None and not report["tampered"]
     caught = [t["id"] for t in report["tests"] if "wrote into the array" in t.get("message", "")]
     assert caught and report["score"] < report["max_score"], (caught, report["score"], report["max_score"])
+
+
+def test_an_append_that_writes_into_a_prefix_cached_block_fails_its_test(tmp_path):
+    """Copy-on-write only for shared blocks, not for one named in the prefix cache: after a truncate the write
+    overwrote K/V that later requests find by their tokens, and it scored 36/36."""
+    body = _reference_body("paged/cache.py", "PagedKVCache.append")
+    old = "cow = fill > 0 and (self.allocator.refcount(table[-1]) > 1 or self.prefix_cache.is_named(table[-1]))"
+    assert old in body
+    tree = _solved(tmp_path, 7)
+    _set_body_over_reference(tree, "paged/cache.py", "PagedKVCache.append",
+                             body.replace(old, "cow = fill > 0 and self.allocator.refcount(table[-1]) > 1"))
+    report = grade(tree, 7)
+    failed = [t["id"] for t in report["tests"] if t["outcome"] != "passed"]
+    assert failed == ["a07_grader.py::test_writing_into_a_prefix_cached_block_after_truncate_copies_it"], failed

@@ -1,6 +1,8 @@
 """Assignment 7, grader-only tests: misuse that must raise, allocator invariants under random operation
-sequences (a property test against a plain model), copy-on-write corner cases, all-or-nothing appends, and
-the kernel on GQA groups, odd block sizes and one-token sequences."""
+sequences (a property test against a plain model), copy-on-write corner cases (a prefix-cached block cut by
+truncate included), all-or-nothing appends, and the kernel on GQA groups, odd block sizes and one-token sequences,
+its splits sharing the work (loads counted per program). Core: the allocator's invariants, the kernel against
+NumPy, and the splits' shares."""
 import numpy as np
 import pytest
 
@@ -98,6 +100,28 @@ def test_parent_writing_a_shared_block_copies_it(rng):
     for layer in range(2):
         np.testing.assert_array_equal(c.gather(1, layer)[0], k[layer])
         np.testing.assert_array_equal(c.gather(0, layer)[0], np.concatenate([k[layer], extra[layer]]))
+    c.check_invariants()
+
+
+def test_writing_into_a_prefix_cached_block_after_truncate_copies_it(rng):
+    """A full block named in the prefix cache, cut short by truncate, is copied before the next write (refcount 1,
+    but other requests may still find it by its tokens): its cached K/V survive, and a later request that looks
+    the prefix up reads what was cached."""
+    c = _cache()
+    c.add_sequence("a")
+    k = _kv(rng, 4)
+    c.append("a", k, k, tokens=[1, 2, 3, 4])          # one full block, named by its tokens
+    named = c.block_tables["a"][0]
+    c.truncate("a", 2)                                  # the last block is now the named one, half used
+    extra = _kv(rng, 1)
+    c.append("a", extra, extra)
+    assert c.block_tables["a"][0] != named, "the write went into the cached block instead of a copy"
+    for layer in range(2):
+        np.testing.assert_array_equal(c.gather("a", layer)[0], np.concatenate([k[layer][:2], extra[layer]]))
+    assert c.lookup_prefix([1, 2, 3, 4]) == [named]
+    c.add_sequence("b", c.lookup_prefix([1, 2, 3, 4]))
+    for layer in range(2):
+        np.testing.assert_array_equal(c.gather("b", layer)[0], k[layer])
     c.check_invariants()
 
 
@@ -210,6 +234,28 @@ def test_triton_paged_decode_gqa_odd_blocks(rng, hq, hkv, bs, lens):
     table = np.stack([rng.permutation(nb)[:need] for _ in range(3)]).astype(np.int32)
     np.testing.assert_allclose(_triton(q, kc, vc, table, lens), paged_attention(q, kc, vc, table, lens),
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.core
+@pytest.mark.points(2)
+def test_triton_paged_decode_splits_share_the_work(rng):
+    """With four splits each program reads a quarter of the sequence's keys and values: the most elements one
+    program loads (counted in Triton's interpreter) is at most half of what the one program of a single split
+    loads (about a quarter with the table and query loads). A kernel whose first split walks the whole sequence,
+    and the others nothing, gives the right output through the merge but loads as much as one split."""
+    import probes
+
+    q = rng.normal(size=(1, 2, 16)).astype(np.float32)
+    kc, vc = (rng.normal(size=(6, 16, 1, 16)).astype(np.float32) for _ in range(2))
+    table = np.array([[4, 1, 5, 0]], np.int32)
+    lens = np.array([64], np.int32)
+    most = []
+    for splits in (1, 4):
+        with probes.count_loads():
+            got = _triton(q, kc, vc, table, lens, num_splits=splits)
+            most.append(probes.most_loaded_by_one_program())
+        np.testing.assert_allclose(got, paged_attention(q, kc, vc, table, lens), rtol=1e-4, atol=1e-5)
+    assert 0 < most[1] <= most[0] / 2, f"one program of four splits loaded {most[1]} elements, of one split {most[0]}"
 
 
 def test_triton_paged_decode_huge_logits_and_splits(rng):

@@ -3,8 +3,10 @@
 ran.
 
 * :func:`count_loads` counts, while it is open, the elements that Triton's interpreter loads (the lanes of each
-  ``tl.load`` that its mask lets through); :func:`loaded_elements` reads the count. A kernel that reads its input
-  more often than its algorithm needs (a max pass, a sum pass, then the write) loads more.
+  ``tl.load`` that its mask lets through); :func:`loaded_elements` reads the count, and
+  :func:`most_loaded_by_one_program` the largest count of one program (one launch's grid and program id). A kernel
+  that reads its input more often than its algorithm needs (a max pass, a sum pass, then the write) loads more; one
+  whose first program does every split's work loads more in that program.
 * :func:`record_forward` lists, while it is open, every call of ``Model.forward``: the ids' shape, whether a cache
   was passed, and the counters its ``ops`` held after it; :func:`forward_calls` reads the list. A decoder that
   uses a cache where it should re-run the sequence, or re-runs it where it should use the cache, and fills its
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 
-_count = {"elements": 0}
+_count = {"elements": 0, "programs": {}}
 _forward_calls: list = []
 
 
@@ -31,9 +33,12 @@ def count_loads():
                            "through (the grader's load counts were written against Triton 3.6)")
 
     def counting(self, ptrs, mask, *args, **kwargs):
-        _count["elements"] += int(np.count_nonzero(mask.data))
+        n = int(np.count_nonzero(mask.data))
+        _count["elements"] += n
+        program = (getattr(self, "grid_dim", None), getattr(self, "grid_idx", None))
+        _count["programs"][program] = _count["programs"].get(program, 0) + n
         return original(self, ptrs, mask, *args, **kwargs)
-    _count["elements"] = 0
+    _count["elements"], _count["programs"] = 0, {}
     builder.create_masked_load = counting
     try:
         yield
@@ -44,6 +49,11 @@ def count_loads():
 def loaded_elements() -> int:
     """The elements loaded inside the last :func:`count_loads` block (so far, inside an open one)."""
     return _count["elements"]
+
+
+def most_loaded_by_one_program() -> int:
+    """The most elements one program loaded inside the last :func:`count_loads` block."""
+    return max(_count["programs"].values(), default=0)
 
 
 @contextlib.contextmanager

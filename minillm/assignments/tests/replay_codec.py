@@ -14,7 +14,8 @@ import sys
 import numpy as np
 
 MAX_BYTES = 64 * 2**20        # per test: a trace bigger than this fails the test
-OBSERVED = ("tracemalloc:get_traced_memory", "probes:loaded_elements", "probes:forward_calls")   # the test's measurements of the student's run
+OBSERVED = ("tracemalloc:get_traced_memory", "probes:loaded_elements", "probes:most_loaded_by_one_program",
+            "probes:forward_calls")   # the test's measurements of the student's run
 # Objects passed by reference only (their state is never copied; the student's code only reads them).
 OPAQUE = ("minillm.model:Model", "minillm.serving.runner:NumpyRunner", "minillm.serving.torch_runner:TorchRunner")
 _TEST_MODULE = re.compile(r"^(a\d\d_(public|grader)|conftest|oracles)$")
