@@ -87,7 +87,9 @@ def test_fp8_codes_are_e4m3_of_x_over_one_scale(rng):
     codes, scale = quantize_fp8(x)
     assert np.ndim(scale) == 0, f"a per-tensor scale is one number, got shape {np.shape(scale)}"
     np.testing.assert_allclose(float(scale), np.abs(x).max() / FP8_E4M3_MAX, rtol=1e-6)
-    np.testing.assert_array_equal(codes, fp8_e4m3_encode(x.astype(np.float64) / np.float32(scale)))
+    s32 = np.float32(scale)   # (x / scale rounded in float64 or in float32 may round to neighbouring codes)
+    exact = (codes == fp8_e4m3_encode(x.astype(np.float64) / s32)) | (codes == fp8_e4m3_encode(x / s32))
+    assert exact.all(), f"{(~exact).sum()} of {codes.size} codes are not e4m3 of x / scale"
 
 
 def test_fp8_per_token_scales(rng):
