@@ -57,7 +57,8 @@ GRACE_S = 15.0       # the watchdog's margin over the in-process alarm
 STARTUP_S = 120.0    # longest a fresh pytest process may take to reach its first test
 MEMORY_MB = 8192     # default address-space limit of a test process (RLIMIT_AS); the reference needs under 2 GB
 CANARY = "zz_integrity.py"
-REPLAY = ("replay.py", "replay_codec.py", "probes.py")  # record the values in the child, replay them where the grader decides
+# record the values in the child, replay them where the grader decides (probes: the measurements of the child's run)
+REPLAY = ("replay.py", "replay_codec.py", "probes.py")
 REPLAY_MIN_S = 120.0       # the trusted replay's own time, past the submission's total cap
 CANARY_SOURCE = '''"""Integrity canaries: they run after the graded tests and must fail. One that passes means the code under test
 changed how results are checked."""

@@ -7,8 +7,8 @@ import pytest
 from minillm.quant import (
     FP8_E4M3_MAX,
     dequantize_fp8,
-    fp8_e4m3_encode,
     dequantize_int8,
+    fp8_e4m3_encode,
     quantize_fp8,
     quantize_int8,
 )
