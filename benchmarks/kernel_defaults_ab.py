@@ -7,6 +7,10 @@ backward (autograd), and paged_attention(..., validate=False); every call as the
 timed eagerly (triton.testing.do_bench, median), as 100 calls back to back (the host's time per call where it is
 the slower side; median of 7) and replayed from a CUDA graph (do_bench_cudagraph, median: the GPU's time alone).
 ``--compare a.json b.json ...`` prints, per case, the median over the files of each label and the ratio.
+``--archive DIR --rounds R`` times both trees in this one process (the archived package imported as
+``minillm_old`` beside ``minillm``), on the same tensors, in R rounds with the trees' order alternating: the host's
+speed drifts between processes by as much as the trees differ, and one process takes that drift out.
+``--variant NAME`` adds this tree with a FlashConfig override (VARIANTS) to the flash cases.
 ``--host-parts`` times instead where a synchronized N=1K training step spends its host time (before, in and after
 the autograd forward and backward) and one launch of a tiny kernel through Triton's JIT call and the tree's own
 launcher: what is left of the host-bound gap, part by part.
@@ -14,37 +18,65 @@ launcher: what is left of the host-bound gap, part by part.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
 
 FLASH = [(d, n, causal) for d in (64, 128) for n in (1024, 4096) for causal in (False, True)] + \
-        [(128, 16384, False), (128, 16384, True), (128, 32768, True)]
+        [(128, 2048, True), (128, 16384, False), (128, 16384, True), (128, 32768, True)]
 PAGED = [(b, 4096, bs) for b in (1, 16, 32, 64) for bs in (16, 64)]
 MODES = ("eager_ms", "loop_ms", "graph_ms")  # the timings of a row (files from before the loop timing lack it)
+# This tree with one FlashConfig override (--variant): at the causal D=128 N=1K-2K forward, v1 and v2 with the
+# descriptors made in the kernel against the default (v2, descriptors made on the host).
+VARIANTS = {"fwd_v1": {"fwd": "v1"}, "device_desc": {"host_descriptors": False}}
 
 
-def cases(bwd_impl=None):
+def load_archive(path: str) -> str:
+    """Import the archived tree's package (``path``/minillm) as ``minillm_old``; its imports are relative."""
+    init = os.path.join(path, "minillm", "__init__.py")
+    spec = importlib.util.spec_from_file_location("minillm_old", init,
+                                                  submodule_search_locations=[os.path.dirname(init)])
+    sys.modules["minillm_old"] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return "minillm_old"
+
+
+def cases(bwd_impl=None, trees=None, variants=()):
+    """(case name, {label: call}) for each case; ``trees``: label -> package (default {"tree": "minillm"}),
+    every label's call on the same tensors; ``variants``: VARIANTS names, this tree's flash calls with them."""
     import torch
 
-    import minillm.kernels  # noqa: F401  (before triton)
-    from minillm.kernels.flash_attention import flash_attention
-    from minillm.kernels.paged_attention import paged_attention
+    trees = trees or {"tree": "minillm"}
+    flash, paged = {}, {}
+    for label, pkg in trees.items():
+        importlib.import_module(f"{pkg}.kernels")  # (before triton)
+        flash[label] = importlib.import_module(f"{pkg}.kernels.flash_attention").flash_attention
+        paged[label] = importlib.import_module(f"{pkg}.kernels.paged_attention").paged_attention
+    calls = {label: (f, {}) for label, f in flash.items()}
+    if variants:
+        from minillm.kernels.flash_dispatch import FlashConfig
+        calls.update({v: (flash["new"], {"config": FlashConfig(**VARIANTS[v])}) for v in variants})
 
     for d, n, causal in FLASH:
         b, h = (4, 32) if n <= 4096 else (1, 32)
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         if not bwd_impl:
-            yield f"fwd d={d} N={n} causal={causal}", lambda q=q, k=k, v=v, c=causal: flash_attention(q, k, v, causal=c)
+            yield f"fwd d={d} N={n} causal={causal}", {
+                label: (lambda f=f, kw=kw, t=(q, k, v), c=causal: f(*t, causal=c, **kw))
+                for label, (f, kw) in calls.items()}
         if n <= 4096 and (not bwd_impl or n > 1024):
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
             do = torch.randn_like(q)
 
-            def step(qg=qg, kg=kg, vg=vg, do=do, c=causal):
-                kw = {"bwd_impl": bwd_impl} if bwd_impl else {}  # (the archive tree only: its versions)
-                return torch.autograd.grad(flash_attention(qg, kg, vg, causal=c, **kw), (qg, kg, vg), do)
-            yield f"fwd+bwd d={d} N={n} causal={causal}", step
+            def step(f, kw, t=(qg, kg, vg), do=do, c=causal):
+                kw = {**kw, "bwd_impl": bwd_impl} if bwd_impl else kw  # (the archive tree only: its versions)
+                return torch.autograd.grad(f(*t, causal=c, **kw), t, do)
+            yield f"fwd+bwd d={d} N={n} causal={causal}", {
+                label: (lambda f=f, kw=kw, step=step: step(f, kw)) for label, (f, kw) in calls.items()}
     if bwd_impl:  # a version of the archived backward against the defaults: the fwd+bwd cases only
         return
     hq, hkv, d = 32, 8, 128
@@ -54,8 +86,8 @@ def cases(bwd_impl=None):
         kc, vc = (torch.randn(b * nb, bs, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
         lens = torch.full((b,), L, device="cuda", dtype=torch.int32)
-        yield (f"paged B={b} L={L} block={bs}",
-               lambda q=q, kc=kc, vc=vc, t=table, n=lens: paged_attention(q, kc, vc, t, n, validate=False))
+        yield f"paged B={b} L={L} block={bs}", {
+            label: (lambda f=f, t=(q, kc, vc, table, lens): f(*t, validate=False)) for label, f in paged.items()}
 
 
 def back_to_back(fn, calls: int = 100, repeats: int = 7) -> float:
@@ -77,24 +109,43 @@ def back_to_back(fn, calls: int = 100, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
-def run(label: str, out: str, bwd_impl: str | None = None, only: str | None = None) -> None:
+def timings(fn) -> dict:
+    """One case's three timings (ms): eager (do_bench median), loop (back_to_back), graph (do_bench_cudagraph)."""
     import torch
     from triton.testing import do_bench, do_bench_cudagraph
 
+    eager = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    loop = back_to_back(fn, calls=max(5, min(100, int(20 / eager))))  # about 20 ms a repeat
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
+    return {"eager_ms": eager, "loop_ms": loop, "graph_ms": graph}
+
+
+def run(label: str, out: str, bwd_impl: str | None = None, only=(), archive: str | None = None,
+        rounds: int = 1, variants=()) -> None:
+    """Time each case: this tree alone (under ``label``), or with ``archive`` both trees ("old", "new", and the
+    ``variants``) in ``rounds`` rounds, each round every case with the labels' order turned by one."""
+    import torch
+
+    trees = {"old": load_archive(archive), "new": "minillm"} if archive else {label: "minillm"}
+    todo = [(name, fns) for name, fns in cases(bwd_impl, trees, variants) if not only or any(o in name for o in only)]
+    for _, fns in todo:  # compile and plan every call first
+        for fn in fns.values():
+            fn()
+    torch.cuda.synchronize()
     rows = []
-    for name, fn in cases(bwd_impl):
-        if only and only not in name:
-            continue
-        fn()
-        torch.cuda.synchronize()
-        eager = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        loop = back_to_back(fn, calls=max(5, min(100, int(20 / eager))))  # about 20 ms a repeat
-        with torch.cuda.stream(torch.cuda.Stream()):
-            graph = do_bench_cudagraph(fn, rep=100, return_mode="median")
-        rows.append({"case": name, "eager_ms": eager, "loop_ms": loop, "graph_ms": graph})
-        print(f"{label:4s} {name:32s} eager {eager:8.4f} ms  loop {loop:8.4f} ms  graph {graph:8.4f} ms", flush=True)
-        with open(out, "w") as f:  # after every case: a run cut short by a time limit keeps what it measured
-            json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    for r in range(rounds):
+        for name, fns in todo:
+            labels = list(fns)
+            labels = labels[r % len(labels):] + labels[:r % len(labels)]
+            for lab in labels:
+                rows.append({"case": name, "label": lab, "round": r, **timings(fns[lab])})
+                t = rows[-1]
+                print(f"{lab:11s} r{r} {name:32s} eager {t['eager_ms']:8.4f} ms  loop {t['loop_ms']:8.4f} ms  "
+                      f"graph {t['graph_ms']:8.4f} ms", flush=True)
+            with open(out, "w") as f:  # after every case: a run cut short by a time limit keeps what it measured
+                json.dump({"label": label, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                           "rows": rows}, f, indent=1)
 
 
 def host_parts(label: str, out: str, steps: int = 300) -> None:
@@ -176,7 +227,7 @@ def compare(paths) -> None:
         for r in doc["rows"]:
             for mode in MODES:
                 if mode in r:
-                    by[r["case"]][doc["label"], mode].append(r[mode])
+                    by[r["case"]][r.get("label", doc["label"]), mode].append(r[mode])
     modes = [m for m in MODES if any(m == k[1] for t in by.values() for k in t)]
     print(f"{'case':32s} " + " ".join(f"{'old ' + m[:-3]:>10s} {'new ' + m[:-3]:>10s} {'new/old':>8s}" for m in modes))
     for case, t in by.items():
@@ -198,13 +249,18 @@ if __name__ == "__main__":
     ap.add_argument("--label")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs="+")
-    ap.add_argument("--only", help="time only the cases whose name contains this (e.g. paged)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="time only the cases whose name contains this (e.g. paged); repeat for several")
     ap.add_argument("--bwd-impl", help="archive tree only: time this backward version in the fwd+bwd cases")
     ap.add_argument("--host-parts", action="store_true", help="the N=1K step's host time, part by part")
+    ap.add_argument("--archive", help="the archived tree's root (holding minillm/): both trees in this process")
+    ap.add_argument("--rounds", type=int, default=1, help="with --archive: rounds over the cases")
+    ap.add_argument("--variant", action="append", default=[], choices=sorted(VARIANTS),
+                    help="with --archive: this tree with a FlashConfig override, beside old and new")
     a = ap.parse_args()
     if a.compare:
         compare(a.compare)
     elif a.host_parts:
         host_parts(a.label, a.out)
     else:
-        sys.exit(run(a.label, a.out, a.bwd_impl, a.only))
+        sys.exit(run(a.label or "ab", a.out, a.bwd_impl, a.only, a.archive, a.rounds, a.variant))
