@@ -99,7 +99,12 @@ def shape_logits(logits: np.ndarray, temperature, top_k=None, top_p=None) -> np.
     if not (np.isfinite(t) & (t > 0)).all():
         raise ValueError(f"shape_logits needs every temperature finite and > 0 (temperature 0 is greedy: take the "
                          f"argmax), got {t[~(np.isfinite(t) & (t > 0))][0]!r}")
-    z = z / t[:, None]
+    with np.errstate(over="ignore"):
+        scaled = z / t[:, None]
+    if np.isinf(scaled).sum() > np.isinf(z).sum():   # a finite logit overflowed: the argmax would be lost
+        raise ValueError(f"shape_logits: a temperature of {t.min()!r} overflows logits / temperature; use "
+                         f"temperature 0 for greedy decoding")
+    z = scaled
     if top_k is not None:
         k = np.broadcast_to(np.asarray(top_k, np.int64), (S,))
         k = np.where((k <= 0) | (k >= V), V, k)

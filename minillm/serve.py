@@ -41,13 +41,14 @@ try:
     import uvicorn
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
-    from pydantic import BaseModel, ConfigDict
+    from fastapi.responses import StreamingResponse
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
 except ImportError as e:         # pragma: no cover - the message is the point
     raise ImportError(f"minillm.serve needs the web stack ({e}): pip install 'minillm[serve]'") from e
 
+from .serve_api import (MAX_BODY_BYTES, BadRequest, ChatBody, ClientGone, CompletionBody, RequestBody, error_response,
+                        sampling_params)
 from .serving import LLM, LLMEngine, SamplingParams
 from .serving.llm import apply_chat_template
 from .tokenizer import ByteTokenizer
@@ -80,10 +81,12 @@ class EngineLoop:
         self.thread.join(timeout=10)
 
     def add(self, prompt, params: SamplingParams, aloop, queue) -> int:
-        """Queue a request (raises, queuing nothing, if the engine refuses it) and track it. Any thread."""
+        """Queue a request (raises, queuing nothing, if the engine refuses it) and track it. Any thread. The
+        prompt is tokenized and checked before the engine's lock is taken: a long one does not stall the steps."""
         eng = self.engine
+        request = eng.prepare(prompt, params)
         with eng.lock:
-            rid = eng.add_request(prompt, params)
+            rid = eng.add_prepared(request)
             self.trackers[rid] = (aloop, queue, [0])
         self._wake.set()
         return rid
@@ -150,79 +153,6 @@ class EngineLoop:
                     self._send(aloop, q, ("tokens", rid, new))
 
 
-# -- requests ------------------------------------------------------------------------------------------------
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: dict | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict | None = None
-    user: str | None = None
-    # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
-
-
-class CompletionBody(_Body):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
-
-
-class ChatBody(_Body):
-    messages: list[dict]
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    add_generation_prompt: bool = True
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.status, self.param = status, param
-
-
-def _error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}.get(status, "Error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
-
-
-def _sampling(body: _Body, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name):
-            raise BadRequest(f"{name} is not supported by this server (use repetition_penalty)", param=name)
-    if body.logit_bias:
-        raise BadRequest("logit_bias is not supported by this server", param="logit_bias")
-    if body.stream and logprobs is not None:
-        raise BadRequest("logprobs are not supported with stream=true by this server", param="logprobs")
-    kw = dict(temperature=1.0 if body.temperature is None else body.temperature,
-              top_p=1.0 if body.top_p is None else body.top_p, max_tokens=max_tokens, n=body.n, seed=body.seed,
-              stop=body.stop, stop_token_ids=body.stop_token_ids or (), ignore_eos=body.ignore_eos,
-              logprobs=logprobs, top_k=body.top_k, min_p=body.min_p or 0.0,
-              repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty)
-    try:
-        return SamplingParams(**kw)
-    except (TypeError, ValueError) as e:
-        raise BadRequest(str(e)) from None
-
-
 class _App:
     def __init__(self, llm: LLM | LLMEngine, model_name: str):
         self.name, self.created = model_name, int(time.time())
@@ -266,7 +196,7 @@ class _App:
                 if time.monotonic() - checked > 0.2:      # every 0.2 s, whether tokens are coming or not
                     checked = time.monotonic()
                     if await request.is_disconnected():
-                        raise asyncio.CancelledError
+                        raise ClientGone
                 try:
                     kind, rid, item = await asyncio.wait_for(q.get(), 0.2)
                 except asyncio.TimeoutError:
@@ -291,7 +221,7 @@ class _App:
             raise BadRequest("prompt is empty", param="prompt")
         return list(p)
 
-    def _check_model(self, body: _Body) -> None:
+    def _check_model(self, body: RequestBody) -> None:
         if body.model is not None and body.model != self.name:
             raise BadRequest(f"The model `{body.model}` does not exist (this server serves `{self.name}`).", 404,
                              "model")
@@ -305,7 +235,7 @@ class _App:
             raise BadRequest("suffix is not supported by this server", param="suffix")
         if body.best_of is not None and body.best_of != body.n:
             raise BadRequest("best_of other than n is not supported by this server", param="best_of")
-        params = _sampling(body, 16 if body.max_tokens is None else body.max_tokens, body.logprobs)
+        params = sampling_params(body, 16 if body.max_tokens is None else body.max_tokens, body.logprobs)
         q, added = await self._add_all(self._prompts(body), params)
         rid_, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
@@ -335,20 +265,29 @@ class _App:
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
     def _token(self, t: int, as_id: bool) -> str:
-        return f"token_id:{t}" if as_id else self.tok.decode([t])
+        """A token as logprobs name it, one name per token: its text where its bytes are whole UTF-8 characters,
+        OpenAI's ``bytes:\\xNN`` where they are part of one, ``token_id:N`` (vLLM's form) for a token with no
+        bytes (a special) or when the request asks for ids."""
+        data = b"" if as_id else self.tok.decode_bytes([t])
+        if not data:
+            return f"token_id:{t}"
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
     def _completion_logprobs(self, c, body) -> dict | None:
         if c.logprobs is None:
             return None
         as_id = body.return_tokens_as_token_ids
-        tokens, lps, tops, offs, off = [], [], [], [], 0
+        tokens, lps, tops, offs = [], [], [], []
+        chars, utf8 = 0, codecs.getincrementaldecoder("utf-8")("replace")  # the text's decoding, token by token
         for t, d in zip(c.token_ids, c.logprobs):
-            s = self._token(t, as_id)
-            tokens.append(s)
+            tokens.append(self._token(t, as_id))
             lps.append(d[t].logprob)
             tops.append({self._token(i, as_id): v.logprob for i, v in d.items()})
-            offs.append(off)
-            off += len(self.tok.decode([t]))
+            offs.append(chars)              # where the token's first byte lands in the text (its character's start)
+            chars += len(utf8.decode(self.tok.decode_bytes([t])))
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
     # -- /v1/chat/completions -----------------------------------------------------------------------------------
@@ -363,7 +302,7 @@ class _App:
             max_tokens = max(1, self.max_model_len - len(self.tok.encode(prompt)))
         if body.top_logprobs is not None and not body.logprobs:
             raise BadRequest("top_logprobs needs logprobs=true", param="top_logprobs")
-        params = _sampling(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+        params = sampling_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
         q, added = await self._add_all([prompt], params)
         rid_, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
@@ -453,31 +392,59 @@ def _fields(params: SamplingParams) -> dict:
     return {f.name: getattr(params, f.name) for f in fields(params)}
 
 
-def build_app(llm: LLM | LLMEngine, model_name: str = "tiny") -> FastAPI:
+class BodyLimit:
+    """ASGI middleware: a request whose Content-Length is over ``max_body_bytes`` gets a 413 before its body is
+    read. (Plain ASGI: Starlette's BaseHTTPMiddleware would hide a client's disconnect from the handlers.)"""
+
+    def __init__(self, app, max_body_bytes: int):
+        self.app, self.max_body_bytes = app, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+            if length and (not length.isdigit() or int(length) > self.max_body_bytes):
+                await error_response(f"the request body ({length} bytes) is over this server's limit of "
+                                     f"{self.max_body_bytes} bytes", 413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(llm: LLM | LLMEngine, model_name: str = "tiny", max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The FastAPI app over ``llm`` (an LLM, or an LLMEngine with a tokenizer); its engine loop thread starts
-    now, and ``app.state.minillm.loop.stop()`` stops it."""
+    now, and ``app.state.minillm.loop.stop()`` stops it. A request whose Content-Length is over ``max_body_bytes``
+    is refused with 413 before its body is read."""
     state = _App(llm, model_name)
     app = FastAPI(title="minillm", docs_url=None, redoc_url=None)
     app.state.minillm = state
 
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+
     @app.exception_handler(BadRequest)
     async def bad_request(request, exc: BadRequest):
-        return _error(str(exc), exc.status, exc.param)
+        return error_response(str(exc), exc.status, exc.param)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request, exc: ClientGone):
+        return error_response("the client disconnected before the answer", 499)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request, exc: RequestValidationError):
         errs = exc.errors()
+        if errs and errs[0]["type"] == "json_invalid":      # (its loc is the position in the body, not a field)
+            pos = errs[0]["loc"][1] if len(errs[0]["loc"]) > 1 else "?"
+            return error_response(f"the body is not valid JSON: {errs[0].get('ctx', {}).get('error', 'decode error')} "
+                          f"at character {pos}", 400)
         where = ".".join(str(x) for x in errs[0]["loc"][1:]) if errs else None
         msg = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in errs[:3])
-        return _error(msg or "invalid request", 400, where or None)
+        return error_response(msg or "invalid request", 400, where or None)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request, exc: HTTPException):
-        return _error(str(exc.detail), exc.status_code)
+    async def httperror_response(request, exc: HTTPException):
+        return error_response(str(exc.detail), exc.status_code)
 
     @app.exception_handler(RuntimeError)
     async def internal(request, exc: RuntimeError):
-        return _error(str(exc), 500)
+        return error_response(str(exc), 500)
 
     @app.get("/health")
     async def health():
@@ -485,7 +452,7 @@ def build_app(llm: LLM | LLMEngine, model_name: str = "tiny") -> FastAPI:
         later ones are served) leaves it up, with that step's error as ``last_error``."""
         loop = state.loop
         if not loop.thread.is_alive():
-            return _error(f"the engine loop is down: {loop.fatal or 'stopped'}", 500)
+            return error_response(f"the engine loop is down: {loop.fatal or 'stopped'}", 500)
         return {"status": "ok"} if loop.error is None else {"status": "ok", "last_error": loop.error}
 
     @app.get("/metrics")
@@ -523,8 +490,8 @@ class Server:
     loop down."""
 
     def __init__(self, llm: LLM | LLMEngine, model_name: str = "tiny", host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning"):
-        self.app = build_app(llm, model_name)
+                 log_level: str = "warning", max_body_bytes: int = MAX_BODY_BYTES):
+        self.app = build_app(llm, model_name, max_body_bytes)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -645,6 +612,7 @@ def main(argv=None) -> None:
     ap.add_argument("--num-blocks", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--log-level", default="warning")
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get a 413")
     args = ap.parse_args(argv)
     if args.random_shape:
         llm = random_engine(args.random_shape, args.runner, args.dtype, args.max_num_seqs,
@@ -654,7 +622,7 @@ def main(argv=None) -> None:
         llm = LLM(args.model, runner=args.runner, max_num_seqs=args.max_num_seqs, num_blocks=args.num_blocks,
                   max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager)
         name = args.served_model_name or args.model
-    srv = Server(llm, name, args.host, args.port, args.log_level)
+    srv = Server(llm, name, args.host, args.port, args.log_level, args.max_body_bytes)
     print(f"minillm.serve: {name} on {srv.url}", flush=True)
     srv.serve_forever()
 

@@ -345,3 +345,16 @@ def test_greedy_rejects_anything_but_one_row():
         with pytest.raises(ValueError, match="one row"):
             greedy(bad)
     assert greedy(np.array([0.0, 4.0, 4.0])) == 1 and greedy([1.0, 0.0]) == 0
+
+
+def test_shape_logits_rejects_a_temperature_that_overflows_the_logits():
+    """Was: logits / 1e-308 overflowed to +-inf with a warning, and the argmax became the first token at +inf, not
+    the most likely one: the greedy limit silently lost."""
+    from minillm.sampling import shape_logits
+
+    z = np.array([[1.0, 30.0, 2.0], [-5.0, 0.5, 0.25]])
+    with pytest.raises(ValueError, match="overflows"):
+        shape_logits(z, 1e-308)
+    np.testing.assert_array_equal(shape_logits(z, 1e-300).argmax(axis=1), [1, 1])   # still finite: the argmax kept
+    masked = np.array([[-np.inf, 1.0, 2.0]])                 # a logit already -inf is not an overflow
+    assert np.isneginf(shape_logits(masked, 0.5)[0, 0])

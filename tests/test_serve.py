@@ -173,6 +173,10 @@ def test_concurrent_clients_share_steps_and_get_their_own_tokens(server, client,
     (dict(prompt="x", presence_penalty=0.5), 400), (dict(prompt={"a": 1}), 400), (dict(), 400),
     (dict(prompt="x", model="gpt-4"), 404), (dict(prompt="x", stop_token_ids=[10**6]), 400),
     (dict(prompt="x", logprobs=21), 400), (dict(prompt="x", logprobs=1, stream=True), 400),
+    # strict types (were coerced: "5" ran five tokens, true one, "yes" streamed, [true, false] ran as ids [1, 0])
+    (dict(prompt="x", max_tokens="5"), 400), (dict(prompt="x", max_tokens=True), 400),
+    (dict(prompt="x", stream="yes"), 400), (dict(prompt=[True, False]), 400), (dict(prompt=[1.0, 2.0]), 400),
+    (dict(prompt="x", logprobs=True), 400), (dict(prompt="x", n=True), 400), (dict(prompt="x", n=129), 400),
 ])
 def test_bad_requests_get_a_4xx_json_error_while_a_stream_keeps_running(server, client, reference, body, status):
     stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True,
@@ -198,7 +202,8 @@ def test_the_openai_client_raises_its_own_errors(client):
 
 
 def test_bad_chat_messages_are_refused(server):
-    for msgs in ([{"role": "robot", "content": "hi"}], [{"content": "hi"}], "hi", [{"role": "user", "content": 5}]):
+    for msgs in ([{"role": "robot", "content": "hi"}], [{"content": "hi"}], "hi", [{"role": "user", "content": 5}],
+                 []):
         r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": msgs})
         assert r.status_code == 400 and r.json()["error"]["message"], (msgs, r.text)
 
@@ -266,3 +271,89 @@ def test_health_stays_ok_after_one_failed_engine_step():
         srv.app.state.minillm.loop.stop()                 # a dead loop thread is what makes the server down
         r = httpx.get(srv.url + "/health")
         assert r.status_code == 500 and "the engine loop is down" in r.json()["error"]["message"]
+
+
+def test_a_huge_top_k_keeps_every_token_and_fails_no_other_request(server, client):
+    """Was: top_k=2**63 was accepted, then every engine step raised OverflowError: it and the stream beside it
+    both got a 500. A top-k of at least the vocabulary keeps every token."""
+    stream = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    it = iter(stream)
+    first = next(it).choices[0].text
+    kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=1.0, seed=3)
+    huge = client.completions.create(**kw, extra_body={"top_k": 2**63}).choices[0].text
+    assert huge == client.completions.create(**kw).choices[0].text
+    text = first + "".join(c.choices[0].text for c in it if c.choices)
+    ref = LLM("tiny").generate([PROMPTS[0]], SamplingParams(max_tokens=40, ignore_eos=True), progress=False)[0]
+    assert text == ref.outputs[0].text
+    assert _idle(server)
+
+
+def test_a_temperature_below_1e_5_decodes_greedily(client, reference):
+    """Was: temperature 1e-308 divided the logits into inf and the tiny model wrote only newlines."""
+    got = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=1e-308, seed=1)
+    assert got.choices[0].text == reference(PROMPTS[0], 12).outputs[0].text
+
+
+def test_completion_logprobs_name_each_token_once(server):
+    """Was: top_logprobs was a dict keyed by each token's text alone, and every lone byte >= 0x80 decodes to
+    U+FFFD: alternatives overwrote each other (5 asked, 1 returned) and the sampled token's entry could hold
+    another token's logprob. Now a token that is part of a character is named by its bytes (OpenAI's
+    ``bytes:\\xNN``), and text_offset counts characters of the text."""
+    prompt = list("# 日本語の文字列\ns = '日本".encode()) + [0xE8]
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 5}
+    named = httpx.post(server.url + "/v1/completions", json=body).json()["choices"][0]
+    by_id = httpx.post(server.url + "/v1/completions", json={**body, "return_tokens_as_token_ids": True}
+                       ).json()["choices"][0]["logprobs"]
+    lp = named["logprobs"]
+    assert [len(t) for t in lp["top_logprobs"]] == [5] * 6
+    # (the second request reads the first's cached prompt blocks: float32 sums in another order, to ~1e-7)
+    assert lp["token_logprobs"] == pytest.approx(by_id["token_logprobs"], rel=1e-5)
+    for tops, tops_id, tok, tok_lp in zip(lp["top_logprobs"], by_id["top_logprobs"], lp["tokens"],
+                                          lp["token_logprobs"]):
+        assert sorted(tops.values()) == pytest.approx(sorted(tops_id.values()), rel=1e-5)
+        assert tops[tok] == tok_lp                       # the sampled token's own entry
+    assert any(t.startswith("bytes:\\x") for t in lp["tokens"] + [k for d in lp["top_logprobs"] for k in d])
+    offs, text = lp["text_offset"], named["text"]
+    assert offs == sorted(offs) and offs[0] == 0 and offs[-1] <= len(text)
+    for tok, off in zip(lp["tokens"], offs):
+        if not tok.startswith(("bytes:", "token_id:")):
+            assert text[off:off + len(tok)] == tok
+
+
+def test_a_body_over_the_limit_gets_413_and_the_server_goes_on():
+    with Server(LLM("tiny"), max_body_bytes=1000) as srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": "x" * 2000})
+        assert r.status_code == 413 and "limit of 1000 bytes" in r.json()["error"]["message"], r.text
+        ok = httpx.post(srv.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+
+
+def test_malformed_json_is_named_as_such(server):
+    """Was: "1: JSON decode error" with param "1" (the character position read as a field name)."""
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": ',
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert "not valid JSON" in err["message"] and err["param"] is None
+
+
+def test_a_client_gone_from_a_non_streaming_call_logs_no_error(server, client):
+    """Was: the handler raised CancelledError and uvicorn logged "Exception in ASGI application" with a traceback
+    for an ordinary disconnect."""
+    import logging
+
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    log = logging.getLogger("uvicorn.error")
+    log.addHandler(handler)
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            client.with_options(timeout=0.3).completions.create(model="tiny", prompt="a", max_tokens=480,
+                                                                temperature=0, extra_body={"ignore_eos": True})
+        assert _idle(server)
+        time.sleep(0.5)                              # the handler returns after the abort
+    finally:
+        log.removeHandler(handler)
+    assert not records, [r.getMessage() for r in records]

@@ -589,3 +589,88 @@ def test_engine_init_rejects_a_runner_built_for_other_settings(small_model):
         LLMEngine(NumpyRunner(small_model, 64, 16), 64, 16, 2048, cfg.vocab_size)
     LLMEngine(NumpyRunner(small_model, 80, 16), 64, 16, cfg.max_seq_len, cfg.vocab_size)   # a larger pool serves
     LLMEngine(SimulatedRunner(), 10**6, 1, 1 << 20, 50)                 # nothing computed: any settings
+
+
+def test_sampling_params_store_a_temperature_below_greedy_below_as_greedy():
+    """Was: temperature 1e-308 passed and divided the logits into inf (all newlines from the tiny model); as vLLM
+    does, a temperature under 1e-5 now decodes greedily."""
+    from minillm.serving.sequence import GREEDY_BELOW
+
+    for t in (1e-308, 1e-9, GREEDY_BELOW / 2):
+        p = SamplingParams(temperature=t, seed=1)
+        assert p.temperature == 0.0 and p.greedy
+    assert SamplingParams(temperature=GREEDY_BELOW).temperature == GREEDY_BELOW
+    llm = LLM("tiny")
+    greedy = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=12), progress=False)[0].token_ids
+    tiny_t = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=12, temperature=1e-308, seed=1),
+                          progress=False)[0].token_ids
+    assert tiny_t == greedy
+
+
+def test_generate_with_a_top_k_past_int64_keeps_every_token():
+    """Was: top_k=2**63 passed SamplingParams and raised OverflowError inside every step (its conversion to an
+    int64 array), failing the requests that shared the step and, in the Python API, every later step. A top-k
+    of at least the vocabulary keeps every token, so it samples as top_k=None does."""
+    llm = LLM("tiny")
+    prompts = ["def add(a, b):", "import os\n"]
+    for k in (2**63, 2**70):
+        huge = llm.generate(prompts, [SamplingParams(max_tokens=10, temperature=1.0, seed=3, top_k=k),
+                                      SamplingParams(max_tokens=10)], progress=False)
+        off = llm.generate(prompts, [SamplingParams(max_tokens=10, temperature=1.0, seed=3),
+                                     SamplingParams(max_tokens=10)], progress=False)
+        assert [o.token_ids for o in huge] == [o.token_ids for o in off]
+
+
+def test_add_request_checks_a_prompts_length_before_its_ids():
+    """A prompt longer than the model is refused by its length before each of its ids is checked (the ids of a
+    30-million-token body took seconds under the engine's lock): the error names the length, not an id."""
+    eng = LLM("tiny").engine
+    n = eng.scheduler.max_model_len + 1
+    with pytest.raises(RequestRejected, match=f"prompt has {n} tokens"):
+        eng.add_request([-1] * n, SamplingParams(max_tokens=1))
+    with pytest.raises(RequestRejected, match=f"prompt has {n} tokens"):
+        eng.add_request("x" * n, SamplingParams(max_tokens=1))
+    assert not eng.requests and not eng.has_unfinished()
+
+
+def test_prepare_runs_while_another_thread_holds_the_engine_lock():
+    """The work that grows with a prompt (tokenizing, checking its ids) is done by prepare(), outside the lock
+    the stepping thread holds: a server adds a long prompt without stalling the others' steps."""
+    import threading
+
+    from minillm.serving.engine import PreparedRequest
+
+    llm = LLM("tiny")
+    eng = llm.engine
+    held, release, got = threading.Event(), threading.Event(), {}
+
+    def hold():
+        with eng.lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    worker = threading.Thread(target=lambda: got.setdefault("req", eng.prepare("def add(a, b):",
+                                                                               SamplingParams(max_tokens=6))))
+    worker.start()
+    worker.join(5)
+    done_while_held = "req" in got
+    release.set()
+    holder.join()
+    assert done_while_held, "prepare() waited for the engine lock"
+    assert isinstance(got["req"], PreparedRequest)
+    rid = eng.add_prepared(got["req"])
+    while eng.has_unfinished():
+        eng.step()
+    want = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=6), progress=False)[0].token_ids
+    assert eng.output(rid).token_ids == want
+    with pytest.raises(TypeError, match="prepare"):
+        eng.add_prepared("def add(a, b):")
+
+
+@pytest.mark.parametrize("bad", [None, 5, 2.5])
+def test_generate_names_a_prompts_argument_of_the_wrong_type(bad):
+    with pytest.raises(TypeError, match="prompts must be"):
+        LLM("tiny").generate(bad, progress=False)

@@ -220,3 +220,9 @@ def test_text_deltas_hold_back_partial_characters_and_stop_prefixes():
     assert d.push("abcE", False) == "ab"           # "cE" may start "END"
     assert d.push("abcEN\ufffd", False) == "c"     # a trailing U+FFFD may be half a character
     assert d.push("abcEN€", True) == "EN€"
+
+
+def test_apply_chat_template_refuses_an_empty_conversation():
+    """Was: [] rendered as a bare "### assistant:" prompt (OpenAI answers 400 to messages: [])."""
+    with pytest.raises(ValueError, match="messages is empty"):
+        apply_chat_template([])

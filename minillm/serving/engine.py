@@ -41,7 +41,19 @@ from .outputs import CompletionOutput, Logprob, RequestOutput, TextDeltas, merge
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import SamplingParams, Sequence
 
-__all__ = ["CompletionOutput", "LLMEngine", "Logprob", "RequestFailed", "RequestOutput", "TokenStream"]
+__all__ = ["CompletionOutput", "LLMEngine", "Logprob", "PreparedRequest", "RequestFailed", "RequestOutput",
+           "TokenStream"]
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request checked and tokenized by :meth:`LLMEngine.prepare`, for :meth:`LLMEngine.add_prepared`."""
+    ids: tuple[int, ...]
+    params: SamplingParams
+    prompt_text: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "ids", tuple(self.ids))
 
 
 @dataclass(eq=False)
@@ -197,6 +209,8 @@ class LLMEngine:
                 shown = prompt if len(prompt) <= 40 else prompt[:40] + "..."
                 raise ValueError(f"prompt {shown!r} cannot be encoded as UTF-8: character {prompt[e.start]!r} at "
                                  f"position {e.start} is a lone surrogate ({e.reason})") from None
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], numbers.Integral):
+            self.scheduler.check_prompt_length(len(prompt))     # before checking every id of a huge prompt
         return check_prompt_ids(prompt, self.vocab_size)
 
     def _check_params(self, params, one_sample: bool = True) -> SamplingParams:
@@ -222,13 +236,29 @@ class LLMEngine:
         """Queue a request; return its id. Raises (and queues nothing) if the request is invalid.
 
         ``prompt``: a text, a list of token ids, or vLLM's ``{"prompt": text}`` / ``{"prompt_token_ids": ids}``.
-        One sample per request (``params.n`` must be 1)."""
+        One sample per request (``params.n`` must be 1). The prompt is tokenized and checked before the engine's
+        lock is taken (:meth:`prepare`), so a long prompt does not hold up the steps of the others."""
+        return self.add_prepared(self.prepare(prompt, params), arrival_time)
+
+    def prepare(self, prompt, params: SamplingParams | None = None) -> PreparedRequest:
+        """``params`` checked against this engine and ``prompt`` tokenized and checked, as add_request does (and
+        raising as it does), without the lock: it reads only the engine's fixed settings, so any thread may
+        prepare while the engine steps. :meth:`add_prepared` queues the result."""
+        params = self._check_params(params)
+        return PreparedRequest(self._encode(prompt), params, self._unpack(prompt)[1])
+
+    def add_prepared(self, request: PreparedRequest, arrival_time: float | None = None) -> int:
+        """Queue a request made by :meth:`prepare`; return its id (raises RequestRejected if it can never fit)."""
+        if not isinstance(request, PreparedRequest):
+            raise TypeError(f"add_prepared takes what prepare() returns, got {type(request).__name__}")
         with self._lock:
-            return self._add(prompt, params, arrival_time)
+            return self._enqueue(request, arrival_time)
 
     def _add(self, prompt, params, arrival_time) -> int:
-        params = self._check_params(params)
-        ids = self._encode(prompt)
+        return self._enqueue(self.prepare(prompt, params), arrival_time)
+
+    def _enqueue(self, request: PreparedRequest, arrival_time) -> int:
+        ids, params = request.ids, request.params
         seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**31))
         if arrival_time is None:
             arrival_time = self.runner.now()
@@ -236,8 +266,8 @@ class LLMEngine:
                 not np.isfinite(arrival_time):
             raise ValueError(f"arrival_time must be a finite number (seconds on the runner's clock), "
                              f"got {arrival_time!r}")
-        seq = _Request(self._next_id, ids, params, float(arrival_time), seed=seed,
-                       prompt_text=self._unpack(prompt)[1])
+        seq = _Request(self._next_id, list(ids), params, float(arrival_time), seed=seed,
+                       prompt_text=request.prompt_text)
         self.scheduler.add(seq)         # raises RequestRejected for a request that can never fit
         self.requests[seq.seq_id] = seq
         self._next_id += 1
@@ -425,6 +455,9 @@ class LLMEngine:
         If the call is interrupted (an exception, KeyboardInterrupt), its unfinished requests are aborted.
         The engine forgets the call's requests once it returns.
         """
+        if not isinstance(prompts, (str, dict, list, tuple)):
+            raise TypeError(f"prompts must be a text, a list of token ids, a prompt dict or a list of them, got "
+                            f"{type(prompts).__name__}")
         if isinstance(prompts, (str, dict)) or (len(prompts) and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
         with self._lock:

@@ -43,6 +43,8 @@ def apply_chat_template(messages, add_generation_prompt: bool = True) -> str:
     ``{"type": "text", "text": ...}`` parts)."""
     if not isinstance(messages, (list, tuple)):
         raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    if not messages:
+        raise ValueError("messages is empty: a chat request needs at least one message")
     out = []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:

@@ -28,10 +28,14 @@ from .batch import StepBatch
 from .sequence import check_int
 
 
+TOP_K_CAP = 2**62  # any top-k of at least the vocabulary keeps every token: larger ones are capped to fit int64
+
+
 def seq_sampling_arrays(seqs):
     """Per sequence: temperature, top-k (0 = off), top-p and seed."""
     ps = [s.params for s in seqs]
-    return (np.array([p.temperature for p in ps], np.float64), np.array([p.top_k or 0 for p in ps], np.int64),
+    return (np.array([p.temperature for p in ps], np.float64),
+            np.array([min(p.top_k or 0, TOP_K_CAP) for p in ps], np.int64),
             np.array([p.top_p for p in ps], np.float64), np.array([s.seed for s in seqs], np.int64))
 
 

@@ -102,10 +102,14 @@ class Scheduler:
                                                  # engine takes them with take_failed()
 
     # -- admission ---------------------------------------------------------------------------------------
-    def check_fits(self, seq: Sequence) -> None:
-        n_prompt, n_out = len(seq.prompt), seq.params.max_tokens
+    def check_prompt_length(self, n_prompt: int) -> None:
+        """RequestRejected if a prompt of ``n_prompt`` tokens can never run (checked before its ids are)."""
         if n_prompt > self.max_model_len:
             raise RequestRejected(f"prompt has {n_prompt} tokens, longer than max_seq_len={self.max_model_len}")
+
+    def check_fits(self, seq: Sequence) -> None:
+        n_prompt, n_out = len(seq.prompt), seq.params.max_tokens
+        self.check_prompt_length(n_prompt)
         # the last sampled token is never fed back, so prompt + max_tokens - 1 positions are computed
         if n_prompt + n_out - 1 > self.max_model_len:
             raise RequestRejected(f"prompt ({n_prompt}) + max_tokens ({n_out}) - 1 exceeds "

@@ -62,6 +62,7 @@ def _stop_strings(value) -> tuple[str, ...]:
 
 
 MAX_LOGPROBS = 20       # as vLLM's default max_logprobs: the most alternatives a request may ask for per token
+GREEDY_BELOW = 1e-5     # as vLLM's _SAMPLING_EPS: a lower temperature samples greedily
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ class SamplingParams:
 
     n              completions per prompt (each is a request of its own; with a seed, completion i uses
                    seed + i, so they differ); ``LLM.generate`` returns them in ``RequestOutput.outputs``
-    temperature    0 is greedy (argmax); > 0 samples from softmax(logits / temperature)
+    temperature    0 is greedy (argmax); > 0 samples from softmax(logits / temperature); below
+                   GREEDY_BELOW (vLLM's 1e-5) it is stored as 0, greedy: the limit of sampling as the
+                   temperature falls, where dividing the logits by it would overflow
     top_k          keep the k most likely tokens; None, 0 or -1 (vLLM's "off") keep all (stored as None)
     top_p          keep the smallest set of most likely tokens with probability >= top_p, in (0, 1]
     min_p          drop the tokens less likely than min_p times the most likely one, in [0, 1] (0: off);
@@ -128,7 +131,7 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got "
                              f"{self.repetition_penalty!r}")
         set_ = lambda name, v: object.__setattr__(self, name, v)  # noqa: E731 (a frozen dataclass)
-        set_("temperature", t)
+        set_("temperature", 0.0 if t < GREEDY_BELOW else t)
         set_("top_p", p)
         set_("min_p", m)
         set_("repetition_penalty", r)
