@@ -20,7 +20,9 @@ OpenAI's; the offline API's default is greedy), ``top_p``, ``n``, ``stop``, ``se
 ``logprobs`` + ``top_logprobs``; not with streaming), ``stream_options.include_usage``; and vLLM's extras
 (``extra_body`` in the OpenAI client): ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``return_token_ids`` (each choice carries ``token_ids`` and ``prompt_token_ids``).
-``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``best_of`` > n and ``echo`` are refused (400).
+``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``best_of`` > n and ``echo`` are refused (400), as
+are ``n`` over 128 and values of the wrong JSON type (:mod:`minillm.serve_api`); a body over ``--max-body-bytes``
+(16 MiB) gets a 413.
 Prompts may be a string, a list of token ids, or a list of either (the completions endpoint).
 
 The web stack (FastAPI, uvicorn) is the ``serve`` extra: ``pip install 'minillm[serve]'``. ``import minillm``
