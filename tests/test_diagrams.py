@@ -112,6 +112,18 @@ def test_online_softmax_rescale_follows_the_steps():
     assert len(artists(diagrams.online_softmax_rescale(scores, tile=3), "accumulator")) == 2
 
 
+def test_online_softmax_rescale_default_shows_a_rescale_that_changes_l():
+    """Was: the default draw's one rescale (0.150) left l at 1.193 before and after to three decimals, so the
+    figure that introduces the rescale seemed to show it doing nothing."""
+    from minillm.diagrams.attention import _default_scores
+    from minillm.explorables import online_softmax_steps
+
+    steps = online_softmax_steps(_default_scores(), 4)
+    moved = [i for i, s in enumerate(steps) if i and s["rescale"] < 1]
+    assert moved and all(f"{steps[i]['l']:.3f}" != f"{steps[i - 1]['l']:.3f}" for i in moved)
+    assert f"l = {steps[moved[0]]['l']:.3f}" in joined(diagrams.online_softmax_rescale())
+
+
 def test_flash_diagrams_count_tiles():
     fig = diagrams.flash_tile_dataflow(n=512, block_m=128, block_n=64, causal=False)
     assert len(artists(fig, "score-tile")) == 4 * 8
