@@ -44,7 +44,9 @@ class FlashConfig:
 
     host_desc_min_n: from this many queries and keys the causal D=128 forward runs v2 with host descriptors (1K and
     2K: 5.2-6.8% ahead of v1, flash_attention_tune_oneloop_h200.json, _tune_hostdesc_short_e1/_e2_; the training
-    step 1.1-3.2% faster, flash_attention_step_study*_h200.json). host_desc_small_tiles_below: below this many
+    step 1.1-3.2% faster, flash_attention_step_study*_h200.json; rechecked on an H100 with Triton's public launcher
+    encoding the descriptors each call: v1 took 1.00-1.11x and v2 with in-kernel descriptors 1.04-1.29x its time,
+    benchmarks/README.md). host_desc_small_tiles_below: below this many
     keys those calls take 64 x 64 tiles, 128 x 128 from it (flash_attention_diag_branch128_h200.json).
     causal_group_programs: the causal order takes heads in groups of about this many programs (two waves of two
     programs per SM on 132 SMs). split_min_n: v6 from this many queries and keys (v2 with the diagonal branch ran
